@@ -1,0 +1,46 @@
+"""shardprep: ``shardprep.build`` to build, ``loader.ShardDataset`` to load.
+
+Written against the documented API; while the package is missing or
+incomplete, every call raises and the runner reports ``n/a: error ...``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+IMPORTS = ("shardprep", "loader")
+
+
+def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``shardprep.build(raw, out, shards=N, workers=K, compression=...)``."""
+    import shardprep
+
+    shardprep.build(
+        raw,
+        out,
+        shards=params["shards"],
+        workers=params.get("workers", 1),
+        compression=params.get("compression") or "none",
+    )
+    return {"files": len(glob.glob(os.path.join(out, "shard-*.tar*")))}
+
+
+def loader(
+    out: str,
+    batch_size: int,
+    num_workers: int,
+    collate: Callable[[list[Any]], Any],
+    params: dict[str, Any],
+) -> Iterable[Any]:
+    """``ShardDataset(out, seed=0, shuffle=True[, uneven=...])`` + DataLoader."""
+    from loader import ShardDataset
+    from torch.utils.data import DataLoader
+
+    kw: dict[str, Any] = {}
+    if params.get("uneven"):
+        kw["uneven"] = params["uneven"]
+    ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), **kw)
+    return DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)

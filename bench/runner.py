@@ -1,0 +1,201 @@
+"""Subprocess entry point: runs ONE measured task and prints its result.
+
+``python -m bench.runner '<json spec>'`` - the driver starts a fresh
+interpreter per run so that peak memory is per system and each system pays
+its own import cost. The last stdout line is ``@@RESULT@@ <json>``.
+
+Timings taken here (in-process, ``time.perf_counter``):
+
+* ``import_s`` - importing the system's modules (torch included where the
+  system imports it); excluded from throughput, reported separately.
+* ``build_s`` - the build call only.
+* ``ttfb_s``  - dataset + DataLoader construction to the first batch.
+* ``epoch_s`` - dataset + DataLoader construction to the end of the epoch
+  (worker start-up included).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+MARK = "@@RESULT@@"
+
+
+def _own_pss() -> int:
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _import_peer(system: str) -> tuple[Any, float]:
+    from bench.peers import PEERS
+
+    t = time.perf_counter()
+    mod = importlib.import_module(PEERS[system])
+    for name in mod.IMPORTS:
+        importlib.import_module(name)
+    import torch.utils.data  # noqa: F401  (DataLoader; already loaded by most peers)
+
+    return mod, time.perf_counter() - t
+
+
+def task_build(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build shards from ``spec['raw']`` into ``spec['out']``."""
+    mod, import_s = _import_peer(spec["system"])
+    meta = json.loads(Path(spec["meta"]).read_text())
+    pss0 = _own_pss()
+    t = time.perf_counter()
+    info = mod.build(spec["raw"], spec["out"], meta, spec["params"])
+    build_s = time.perf_counter() - t
+    return {"import_s": import_s, "build_s": build_s, "pss_after_import": pss0, **info}
+
+
+def _epoch(batches: Any, t0: float) -> dict[str, Any]:
+    n = nbytes = steps = 0
+    ttfb = None
+    for batch in batches:
+        if ttfb is None:
+            ttfb = time.perf_counter() - t0
+        steps += 1
+        n += len(batch)
+        nbytes += sum(len(b) for b in batch)
+    return {
+        "epoch_s": time.perf_counter() - t0,
+        "ttfb_s": ttfb,
+        "samples": n,
+        "bytes": nbytes,
+        "steps": steps,
+    }
+
+
+def task_load(spec: dict[str, Any]) -> dict[str, Any]:
+    """One epoch over ``spec['out']`` with the shared collate."""
+    from bench.peers.common import collate
+
+    if spec["system"] == "tarfile":
+        return task_tarloop(spec)
+    mod, import_s = _import_peer(spec["system"])
+    pss0 = _own_pss()
+    t0 = time.perf_counter()
+    dl = mod.loader(spec["out"], spec["batch_size"], spec["num_workers"], collate, spec["params"])
+    res = _epoch(dl, t0)
+    return {"import_s": import_s, "pss_after_import": pss0, **res}
+
+
+def task_tarloop(spec: dict[str, Any]) -> dict[str, Any]:
+    """Reference reader: stream every tar shard with ``tarfile`` and group
+    members into samples by key, batching 64 like the loaders (no torch)."""
+    pss0 = _own_pss()
+    t0 = time.perf_counter()
+    shards = sorted(str(p) for p in Path(spec["out"]).glob("*.tar"))
+
+    def samples() -> Any:
+        for shard in shards:
+            cur_key, cur = None, {}
+            with tarfile.open(shard, mode="r|") as tf:
+                for m in tf:
+                    if not m.isfile():
+                        continue
+                    key, _, ext = m.name.partition(".")
+                    if key != cur_key and cur:
+                        yield cur
+                        cur = {}
+                    cur_key = key
+                    f = tf.extractfile(m)
+                    cur[ext] = f.read() if f else b""
+            if cur:
+                yield cur
+
+    def batches() -> Any:
+        from bench.peers.common import collate
+
+        buf: list[Any] = []
+        for s in samples():
+            buf.append(s)
+            if len(buf) == spec["batch_size"]:
+                yield collate(buf)
+                buf = []
+        if buf:
+            yield collate(buf)
+
+    res = _epoch(batches(), t0)
+    return {"import_s": 0.0, "pss_after_import": pss0, **res}
+
+
+def task_ddp_rank(spec: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a gloo/CPU DDP run: one epoch, record payload hashes."""
+    import torch.distributed as dist
+
+    from bench.peers.common import collate_ident
+
+    rank, world = spec["rank"], spec["world"]
+    mod, import_s = _import_peer(spec["system"])
+    dist.init_process_group(
+        "gloo", init_method=f"file://{spec['init_file']}", rank=rank, world_size=world
+    )
+    params = dict(spec["params"])
+    if spec["system"] == "mds":
+        params["clean_shm"] = False
+        if rank == 0:
+            from streaming.base.util import clean_stale_shared_memory
+
+            clean_stale_shared_memory()
+    dist.barrier()
+    dl = mod.loader(spec["out"], spec["batch_size"], spec["num_workers"], collate_ident, params)
+    try:
+        declared = len(dl.dataset)  # type: ignore[attr-defined, arg-type]
+    except Exception:
+        declared = None
+    steps = 0
+    ids: list[tuple[str, bool]] = []
+    for batch in dl:
+        steps += 1
+        ids.extend(batch)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {
+        "rank": rank,
+        "steps": steps,
+        "samples": len(ids),
+        "len": declared,
+        "hashes": [h for h, _ in ids],
+        "padded": [p for _, p in ids],
+        "import_s": import_s,
+    }
+
+
+TASKS = {"build": task_build, "load": task_load, "ddp_rank": task_ddp_rank}
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    try:
+        res = TASKS[spec["task"]](spec)
+        rc = 0
+    except BaseException as e:  # report, never hang the driver
+        traceback.print_exc()
+        res = {"error": f"{type(e).__name__}: {e}"[:300]}
+        rc = 1
+    if spec.get("result_file"):
+        Path(spec["result_file"]).write_text(json.dumps(res))
+    else:
+        print(MARK, json.dumps(res), flush=True)
+    sys.stdout.flush()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

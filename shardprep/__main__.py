@@ -1,0 +1,5 @@
+"""``python -m shardprep`` runs the CLI."""
+
+from shardprep.cli import main
+
+main()

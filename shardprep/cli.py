@@ -1,0 +1,197 @@
+"""The ``shardprep`` command line: a thin layer that parses options, calls the API, reports.
+
+Exit codes: 0 success; 1 data or I/O error (``ShardprepError``); 2 usage
+error (bad option values, impossible requests such as more shards than
+samples). Expected errors print one message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from shardprep.errors import PlanError, ShardprepError
+
+__all__ = ["main"]
+
+
+def _run(action: Callable[[], Any]) -> Any:
+    """Call ``action``, turning our exceptions into click errors with the right exit code."""
+    try:
+        return action()
+    except PlanError as err:
+        raise click.UsageError(str(err)) from err
+    except ShardprepError as err:
+        raise click.ClickException(str(err)) from err
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="shardprep")
+def cli() -> None:
+    """Pre-shard a dataset into balanced WebDataset tar shards for distributed training."""
+
+
+@cli.command()
+@click.argument("raw", type=click.Path(path_type=str))
+@click.argument("out", type=click.Path(path_type=str))
+@click.option(
+    "--shards", "-n", type=click.IntRange(min=1), required=True, help="Number of shards to write."
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of every random choice.",
+)
+@click.option(
+    "--workers",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Writer processes [default: CPU count].",
+)
+@click.option(
+    "--compress",
+    "compression",
+    type=click.Choice(["none", "zstd"]),
+    default="none",
+    show_default=True,
+    help="Write .tar.zst shards of independent, seekable zstd frames.",
+)
+@click.option(
+    "--zstd-level",
+    type=click.IntRange(1, 22),
+    default=3,
+    show_default=True,
+    help="zstd compression level.",
+)
+@click.option(
+    "--format",
+    "input_format",
+    type=click.Choice(["auto", "class-folders", "keyed", "listing", "tar"]),
+    default="auto",
+    show_default=True,
+    help="Input layout; auto-detected by default.",
+)
+@click.option(
+    "--path-column", default="path", show_default=True, help="Listing column with the file path."
+)
+@click.option(
+    "--label-column",
+    default=None,
+    help="Listing column with the label [default: 'label' if present].",
+)
+@click.option(
+    "--class-weights",
+    default=None,
+    help="Resample classes: 'balanced', 'sqrt', a JSON file, or 'cat=2,dog=1'.",
+)
+@click.option(
+    "--num-samples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Total samples after resampling [default: as many as the input].",
+)
+@click.option("--keep-all", is_flag=True, help="Resample without dropping any original sample.")
+@click.option(
+    "--weights-only",
+    is_flag=True,
+    help="Keep the data as is; write each sample's weight as <key>.weight.",
+)
+@click.option(
+    "--allow-zero-weights",
+    is_flag=True,
+    help="Give classes not named in an inline --class-weights weight 0.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a previous build in OUT.")
+@click.option(
+    "--resume", is_flag=True, help="Finish an interrupted build in OUT, reusing finished shards."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as JSON (implies no progress bars)."
+)
+def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> None:
+    """Turn the dataset at RAW into exactly N balanced shards in OUT.
+
+    RAW is a folder of class folders, a folder of files grouped by key, a
+    CSV/TSV/JSONL listing, or a folder of existing .tar shards.
+    """
+    from shardprep.build import build as run_build
+
+    summary = _run(lambda: run_build(raw, out, progress=not (quiet or as_json), **options))
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=1))
+    elif not quiet:
+        click.echo(_format_summary(summary.to_dict()))
+
+
+def _format_summary(s: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"wrote {s['num_shards']} shards to {s['out']}",
+            f"  samples   {s['num_samples']} ({s['min_shard_samples']}-{s['max_shard_samples']} per shard), "
+            f"{s['num_classes']} classes",
+            f"  bytes     {s['num_bytes']:,} on disk, {s['tar_bytes']:,} as tar; "
+            f"max/min shard bytes {s['shard_bytes_ratio']:.4f}",
+            f"  time      {s['elapsed_s']:.2f} s, {s['files_per_s']:,.0f} files/s, {s['mb_per_s']:,.1f} MB/s"
+            + (f", {s['reused_shards']} shards reused" if s["reused_shards"] else ""),
+        ]
+    )
+
+
+@cli.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Draw per-shard class histograms to a PNG (needs matplotlib).",
+)
+def inspect(out: str, as_json: bool, plot: str | None) -> None:
+    """Show the summary and a per-shard table of a built OUT."""
+    from shardprep.inspect import format_inspection, inspection, plot_histograms
+
+    data = _run(lambda: inspection(out))
+    if plot:
+        _run(lambda: plot_histograms(out, plot))
+    click.echo(json.dumps(data, indent=1) if as_json else format_inspection(data))
+
+
+@cli.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def verify(out: str, quiet: bool) -> None:
+    """Re-read every shard: checksums, counts, index offsets, complete samples."""
+    from shardprep.verify import verify_output
+
+    report = _run(lambda: verify_output(out, progress=not quiet))
+    for line in report.problems:
+        click.echo(line, err=True)
+    if report.problems:
+        raise click.ClickException(f"{len(report.problems)} problem(s) in {out}")
+    click.echo(f"ok: {report.num_shards} shards, {report.num_samples} samples verified")
+
+
+@cli.command()
+@click.argument("raw", type=click.Path(path_type=str))
+@click.option("--samples", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--classes", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+def example(raw: str, samples: int, classes: int, seed: int) -> None:
+    """Write a small imbalanced class-folder dataset to RAW to try shardprep on."""
+    from shardprep.example import write_example
+
+    counts = _run(lambda: write_example(raw, samples, classes, seed))
+    click.echo(f"wrote {sum(counts)} samples in {len(counts)} class folders to {raw}: {counts}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shardprep")

@@ -1,0 +1,80 @@
+"""BuildConfig: every knob of ``shardprep build``, its default, and its validation.
+
+The CLI options mirror these fields one to one (``--zstd-level`` ↔ ``zstd_level``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardprep.errors import PlanError
+
+__all__ = ["BuildConfig", "default_workers"]
+
+COMPRESSIONS = ("none", "zstd")
+
+
+def default_workers() -> int:
+    """CPUs this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """Options of one build. Fields that change the output bytes are listed in ``output_options``.
+
+    ``workers``, ``overwrite``, ``resume`` and ``progress`` change how the build
+    runs, never what it writes.
+    """
+
+    shards: int
+    seed: int = 0
+    compression: str = "none"
+    zstd_level: int = 3
+    input_format: str = "auto"
+    path_column: str = "path"
+    label_column: str | None = None
+    class_weights: str | None = None
+    num_samples: int | None = None
+    keep_all: bool = False
+    weights_only: bool = False
+    allow_zero_weights: bool = False
+    workers: int | None = None
+    overwrite: bool = False
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise PlanError(f"--shards must be at least 1 (got {self.shards})")
+        if self.seed < 0:
+            raise PlanError(f"--seed must be a non-negative integer (got {self.seed})")
+        if self.compression not in COMPRESSIONS:
+            raise PlanError(f"--compress must be one of {', '.join(COMPRESSIONS)}")
+        if not 1 <= self.zstd_level <= 22:
+            raise PlanError(f"--zstd-level must be between 1 and 22 (got {self.zstd_level})")
+        if self.workers is not None and self.workers < 1:
+            raise PlanError(f"--workers must be at least 1 (got {self.workers})")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise PlanError(f"--num-samples must be at least 1 (got {self.num_samples})")
+        if self.overwrite and self.resume:
+            raise PlanError("--overwrite and --resume exclude each other")
+        weight_flags = self.num_samples is not None or self.keep_all or self.weights_only
+        if weight_flags and self.class_weights is None:
+            raise PlanError("--num-samples, --keep-all and --weights-only need --class-weights")
+        if self.keep_all and self.weights_only:
+            raise PlanError("--keep-all and --weights-only exclude each other")
+
+    def output_options(self) -> dict[str, Any]:
+        """The options recorded in the manifest: exactly those that affect the output bytes."""
+        runtime = {"workers", "overwrite", "resume", "progress"}
+        return {k: v for k, v in asdict(self).items() if k not in runtime}
+
+    def num_workers(self) -> int:
+        """Worker processes to use: never more than shards."""
+        return min(self.workers or default_workers(), self.shards)

@@ -1,0 +1,113 @@
+"""Exception hierarchy shared by the builder and the loader.
+
+Every error a user can cause (bad input, impossible request, corrupt shard,
+incompatible resume state) is a subclass of :class:`ShardprepError`, so a
+pipeline can catch one type. The message always names the file, shard or
+sample key involved and says what to do about it.
+
+::
+
+    ShardprepError
+    ├── InputError            scan: missing/unreadable/unsupported input (.path)
+    │   └── DuplicateKeyError two inputs map to one sample key (.key, .paths)
+    ├── PlanError             impossible request: N > samples, bad class weights
+    ├── WriteError            writing a shard failed (.shard_index)
+    ├── ManifestError         missing/unknown/invalid manifest or index (.path)
+    │   └── ChecksumMismatchError  a file's sha256 differs (.path, .expected, .actual)
+    └── LoaderError           (loader/errors.py adds the loader's subclasses)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ChecksumMismatchError",
+    "DuplicateKeyError",
+    "InputError",
+    "LoaderError",
+    "ManifestError",
+    "PlanError",
+    "ShardprepError",
+    "WriteError",
+]
+
+
+class ShardprepError(Exception):
+    """Base class of every error shardprep raises on purpose."""
+
+
+class InputError(ShardprepError):
+    """The raw input cannot be used as it is (missing, unreadable, malformed)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (InputError, (str(self), self.path))
+
+
+class DuplicateKeyError(InputError):
+    """Two different inputs would become the same sample key."""
+
+    def __init__(self, key: str, paths: Sequence[str]) -> None:
+        shown = ", ".join(repr(p) for p in paths)
+        super().__init__(
+            f"duplicate sample key {key!r} from {shown}; rename one of them "
+            "(keys are the file name without extension, with '/', '.' and other "
+            "special characters replaced)",
+            path=paths[0] if paths else None,
+        )
+        self.key = key
+        self.paths = tuple(paths)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (DuplicateKeyError, (self.key, self.paths))
+
+
+class PlanError(ShardprepError):
+    """The requested output cannot be made from this input (e.g. more shards than samples)."""
+
+
+class WriteError(ShardprepError):
+    """Writing one shard failed; raised ``from`` the underlying OS or data error."""
+
+    def __init__(self, message: str, shard_index: int) -> None:
+        super().__init__(message)
+        self.shard_index = shard_index
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (WriteError, (str(self), self.shard_index))
+
+
+class ManifestError(ShardprepError):
+    """A manifest or shard index is missing, of an unknown version, or inconsistent."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ManifestError, (str(self), self.path))
+
+
+class ChecksumMismatchError(ManifestError):
+    """A shard's bytes do not match the sha256 recorded in the manifest."""
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f"{path}: sha256 {actual} does not match the manifest's {expected}; "
+            "the file is corrupt or was modified: rebuild it (shardprep build --resume "
+            "after deleting the file) or restore it from a copy",
+            path=path,
+        )
+        self.expected = expected
+        self.actual = actual
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ChecksumMismatchError, (self.path, self.expected, self.actual))
+
+
+class LoaderError(ShardprepError):
+    """Base class of errors raised while streaming shards (see ``loader.errors``)."""

@@ -1,0 +1,116 @@
+"""Inspect: summarise a built output from its manifest alone (no shard is read).
+
+Optional plotting of per-shard class histograms needs matplotlib
+(``pip install "shardprep[plot]"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardprep.errors import InputError
+from shardprep.manifest import read_manifest
+
+__all__ = ["format_inspection", "inspection", "plot_histograms"]
+
+
+def inspection(out: str) -> dict[str, Any]:
+    """The manifest's summary plus one row per shard, as plain data."""
+    manifest = read_manifest(out)
+    data = manifest.to_json()
+    return {
+        "out": out,
+        "options": data["options"],
+        "classes": data["classes"],
+        "totals": data["totals"],
+        **{
+            k: v
+            for k, v in data.items()
+            if k
+            not in {
+                "format",
+                "version",
+                "options",
+                "classes",
+                "totals",
+                "shards",
+                "input_fingerprint",
+            }
+        },
+        "shards": [
+            {k: s[k] for k in ("file", "num_samples", "num_bytes", "class_counts")}
+            for s in data["shards"]
+        ],
+    }
+
+
+def format_inspection(data: dict[str, Any]) -> str:
+    """Human-readable text of :func:`inspection`'s result."""
+    totals = data["totals"]
+    lines = [
+        f"{data['out']}: {totals['num_samples']} samples in {totals['num_shards']} shards, "
+        f"{totals['num_bytes']:,} bytes (compression: {data['options'].get('compression')})",
+        f"  samples per shard {totals['min_shard_samples']}-{totals['max_shard_samples']}, "
+        f"max/min shard bytes {totals['shard_bytes_ratio']:.4f}",
+    ]
+    classes = data["classes"]
+    if classes:
+        lines.append(
+            "  classes: " + ", ".join(f"{c['index']}={c['name']} ({c['count']})" for c in classes)
+        )
+    weighting = data.get("class_weighting")
+    if weighting:
+        lines.append("  class weighting: " + str(weighting.get("mode")))
+        lines.append("    original counts: " + str(weighting.get("original_counts")))
+        lines.append("    realized counts: " + str(weighting.get("realized_counts")))
+    lines.append(f"  {'shard':<22}{'samples':>9}{'bytes':>14}  class histogram")
+    for s in data["shards"]:
+        lines.append(
+            f"  {s['file']:<22}{s['num_samples']:>9}{s['num_bytes']:>14,}  "
+            + " ".join(str(c) for c in s["class_counts"])
+        )
+    return "\n".join(lines)
+
+
+def plot_histograms(out: str, png: str) -> None:
+    """Draw the per-shard class histogram (and, if reweighted, the original one) to ``png``.
+
+    Raises:
+        InputError: matplotlib is not installed, or the output is unlabelled.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise InputError('--plot needs matplotlib: pip install "shardprep[plot]"') from err
+    manifest = read_manifest(out)
+    if manifest.class_names is None:
+        raise InputError(f"{out}: unlabelled data has no class histogram to plot", out)
+    import numpy as np
+
+    counts = np.array([s.class_counts for s in manifest.shards])
+    weighting = manifest.extra.get("class_weighting")
+    panels = 2 if weighting else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
+    if weighting:
+        original = np.array(weighting["original_counts"], dtype=float)
+        axes[0][0].bar(manifest.class_names, original / len(manifest.shards), color="gray")
+        axes[0][0].set_title("before: mean samples per shard, by class")
+        axes[0][0].set_xlabel("class")
+    ax = axes[0][panels - 1]
+    bottom = np.zeros(len(manifest.shards))
+    for c, name in enumerate(manifest.class_names):
+        ax.bar(range(len(manifest.shards)), counts[:, c], bottom=bottom, label=name)
+        bottom += counts[:, c]
+    ax.set_title(
+        "after: samples per shard, stacked by class"
+        if weighting
+        else "samples per shard, stacked by class"
+    )
+    ax.set_xlabel("shard")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,216 @@
+"""Manifest: the O(shards) description of a finished build, written last and atomically.
+
+Its presence means "build complete": every rank and DataLoader worker reads it
+to plan an epoch without touching the data. Reading is strict: an unknown
+version or a missing field is an error, not a guess. ``docs/format.md``
+documents every field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardprep.errors import ManifestError
+from shardprep.shardformat import MANIFEST_NAME
+
+__all__ = [
+    "MANIFEST_VERSION",
+    "Manifest",
+    "ShardEntry",
+    "manifest_from_records",
+    "read_manifest",
+    "write_manifest",
+]
+
+MANIFEST_FORMAT = "shardprep-manifest"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard as the manifest describes it."""
+
+    file: str
+    index_file: str
+    num_samples: int
+    num_bytes: int
+    tar_bytes: int
+    sha256: str
+    index_sha256: str
+    class_counts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed ``manifest.json`` (see docs/format.md)."""
+
+    options: dict[str, Any]
+    input_fingerprint: str
+    class_names: tuple[str, ...] | None
+    class_counts: tuple[int, ...]
+    shards: tuple[ShardEntry, ...]
+    extra: dict[str, Any]  # sections added by optional features (e.g. class weighting)
+    fingerprint: str = ""  # sha256 of the manifest file's bytes
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def compression(self) -> str:
+        """``"none"`` or ``"zstd"``."""
+        return str(self.options.get("compression", "none"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk (key order fixed, no timestamps)."""
+        sizes = [s.num_samples for s in self.shards]
+        nbytes = [s.num_bytes for s in self.shards]
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "options": self.options,
+            "input_fingerprint": self.input_fingerprint,
+            "classes": None
+            if self.class_names is None
+            else [
+                {"index": i, "name": name, "count": count}
+                for i, (name, count) in enumerate(zip(self.class_names, self.class_counts, strict=True))
+            ],
+            "totals": {
+                "num_shards": len(self.shards),
+                "num_samples": sum(sizes),
+                "num_bytes": sum(nbytes),
+                "tar_bytes": sum(s.tar_bytes for s in self.shards),
+                "min_shard_samples": min(sizes),
+                "max_shard_samples": max(sizes),
+                "shard_bytes_ratio": round(max(nbytes) / max(1, min(nbytes)), 6),
+            },
+            **self.extra,
+            "shards": [
+                {
+                    "file": s.file,
+                    "index_file": s.index_file,
+                    "num_samples": s.num_samples,
+                    "num_bytes": s.num_bytes,
+                    "tar_bytes": s.tar_bytes,
+                    "sha256": s.sha256,
+                    "index_sha256": s.index_sha256,
+                    "class_counts": list(s.class_counts),
+                }
+                for s in self.shards
+            ],
+        }
+
+
+def manifest_from_records(
+    records: Sequence[Any],
+    options: dict[str, Any],
+    input_fingerprint: str,
+    class_names: tuple[str, ...] | None,
+    extra: dict[str, Any] | None = None,
+) -> Manifest:
+    """Assemble a Manifest from the writer's ShardRecords (in shard order)."""
+    num_classes = len(class_names) if class_names is not None else 0
+    shards = tuple(
+        ShardEntry(
+            file=r.file,
+            index_file=r.index_file,
+            num_samples=r.num_samples,
+            num_bytes=r.num_bytes,
+            tar_bytes=r.tar_bytes,
+            sha256=r.sha256,
+            index_sha256=r.index_sha256,
+            class_counts=tuple(r.class_counts) + (0,) * (num_classes - len(r.class_counts)),
+        )
+        for r in records
+    )
+    totals = tuple(sum(s.class_counts[c] for s in shards) for c in range(num_classes))
+    return Manifest(options, input_fingerprint, class_names, totals, shards, extra or {})
+
+
+def write_manifest(manifest: Manifest, out_dir: str) -> str:
+    """Write ``manifest.json`` atomically (temp file, fsync, rename); returns its path."""
+    path = os.path.join(out_dir, MANIFEST_NAME)
+    tmp = os.path.join(out_dir, f".{MANIFEST_NAME}.partial")
+    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode() + b"\n"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """Parse and validate manifest bytes; ``where`` names the source in errors.
+
+    Raises:
+        ManifestError: not JSON, not a shardprep manifest, unknown version, or
+            a missing or ill-typed field.
+    """
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManifestError(f"{where}: not valid JSON ({err}); rebuild the output", where) from err
+    if not isinstance(obj, dict) or obj.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{where}: not a shardprep manifest", where)
+    if obj.get("version") != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{where}: manifest version {obj.get('version')!r} is not supported by this "
+            f"shardprep (it reads version {MANIFEST_VERSION}); upgrade shardprep or rebuild",
+            where,
+        )
+    known = {"format", "version", "options", "input_fingerprint", "classes", "totals", "shards"}
+    try:
+        classes = obj["classes"]
+        shards = tuple(
+            ShardEntry(
+                file=str(s["file"]),
+                index_file=str(s["index_file"]),
+                num_samples=int(s["num_samples"]),
+                num_bytes=int(s["num_bytes"]),
+                tar_bytes=int(s["tar_bytes"]),
+                sha256=str(s["sha256"]),
+                index_sha256=str(s["index_sha256"]),
+                class_counts=tuple(int(c) for c in s["class_counts"]),
+            )
+            for s in obj["shards"]
+        )
+        manifest = Manifest(
+            options=dict(obj["options"]),
+            input_fingerprint=str(obj["input_fingerprint"]),
+            class_names=None if classes is None else tuple(str(c["name"]) for c in classes),
+            class_counts=() if classes is None else tuple(int(c["count"]) for c in classes),
+            shards=shards,
+            extra={k: v for k, v in obj.items() if k not in known},
+            fingerprint=hashlib.sha256(data).hexdigest(),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ManifestError(f"{where}: missing or invalid field ({err!r}); rebuild", where) from err
+    if not shards:
+        raise ManifestError(f"{where}: the manifest lists no shards", where)
+    return manifest
+
+
+def read_manifest(out_dir: str) -> Manifest:
+    """Read ``OUT/manifest.json`` from a local folder.
+
+    Raises:
+        ManifestError: missing (the build did not finish) or invalid.
+    """
+    path = os.path.join(out_dir, MANIFEST_NAME)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as err:
+        raise ManifestError(
+            f"{path}: no manifest; the build did not finish (run shardprep build with --resume)",
+            path,
+        ) from err
+    return parse_manifest(data, path)

@@ -1,0 +1,92 @@
+"""Plan: decide which sample goes into which shard, and in what order. Pure; no I/O.
+
+Guarantees, for any labels, sizes and ``1 <= num_shards <= num_samples``:
+
+* every sample is in exactly one shard;
+* shard sample counts differ by at most 1;
+* for every class, each shard holds ``floor(n_c / N)`` or ``ceil(n_c / N)`` of it;
+* shard byte totals are as even as those two constraints allow (greedy, see below);
+* the order inside a shard is a seeded shuffle, not grouped by class;
+* the result depends only on (labels, sizes, num_shards, seed).
+
+How, on an example: N = 3 shards, class A has 7 samples of sizes
+9 8 7 6 5 4 3 (sorted largest first, ties broken randomly). The first 6 go out
+in "snake" rounds over the shards ordered lightest first, say (s0, s1, s2):
+round 0 gives 9 8 7 to s0 s1 s2, round 1 gives 6 5 4 to s2 s1 s0, so each shard
+gets 15, 13, 13 bytes and 2 samples. The remainder (3) goes to the shard with
+the fewest samples so far, ties broken by fewest bytes: s1. Full rounds keep
+every class within ±1 per shard; giving each remainder to the least-filled
+shards keeps the totals within ±1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from shardprep.errors import PlanError
+from shardprep.rng import derive_rng
+
+__all__ = ["plan_shards"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+def plan_shards(
+    labels: npt.NDArray[np.integer], sizes: npt.NDArray[np.integer], num_shards: int, seed: int
+) -> list[IntArray]:
+    """Assign samples to ``num_shards`` shards; returns each shard's sample indices in write order.
+
+    ``labels[i]`` is the class of sample i (all -1 for unlabelled data, which is
+    then one group); ``sizes[i]`` its size in bytes.
+
+    Raises:
+        PlanError: ``num_shards`` is not between 1 and the number of samples.
+    """
+    n = len(labels)
+    if num_shards < 1 or num_shards > n:
+        raise PlanError(
+            f"cannot make {num_shards} shard(s) from {n} sample(s): "
+            f"choose --shards between 1 and {n}"
+        )
+    rng = derive_rng(seed, "plan")
+    labels = np.asarray(labels, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    tiebreak = rng.random(n)
+    # Largest first within each class; random among equal sizes.
+    order = np.lexsort((tiebreak, -sizes, labels))
+    class_bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    shard_of = np.empty(n, dtype=np.int64)
+    counts = np.zeros(num_shards, dtype=np.int64)
+    filled = np.zeros(num_shards, dtype=np.int64)
+    for members in np.split(order, class_bounds):
+        _deal_class(members, sizes, shard_of, counts, filled)
+    by_shard = np.argsort(shard_of, kind="stable")
+    bounds = np.cumsum(counts)[:-1]
+    return [rng.permutation(part) for part in np.split(by_shard, bounds)]
+
+
+def _deal_class(
+    members: IntArray, sizes: IntArray, shard_of: IntArray, counts: IntArray, filled: IntArray
+) -> None:
+    """Assign one class's samples (sorted largest first), updating counts and bytes in place."""
+    num_shards = len(counts)
+    rounds, remainder = divmod(len(members), num_shards)
+    full = members[: rounds * num_shards]
+    if rounds:
+        lightest_first = np.argsort(filled, kind="stable")
+        position = np.arange(len(full)) % num_shards
+        backwards = (np.arange(len(full)) // num_shards) % 2 == 1
+        position[backwards] = num_shards - 1 - position[backwards]
+        targets = lightest_first[position]
+        shard_of[full] = targets
+        counts += rounds
+        filled += np.bincount(targets, weights=sizes[full], minlength=num_shards).astype(np.int64)
+    if remainder:
+        rest = members[rounds * num_shards :]
+        # Fewest samples first (keeps totals within ±1), then fewest bytes.
+        targets = np.lexsort((filled, counts))[:remainder]
+        targets = targets[np.argsort(filled[targets], kind="stable")]
+        shard_of[rest] = targets
+        counts[targets] += 1
+        filled[targets] += sizes[rest]

@@ -1,0 +1,117 @@
+"""Scan: find every sample of the raw input and record its metadata (never its data).
+
+``scan(raw, fmt)`` detects the layout (or takes ``fmt``), dispatches to one
+scanner module per layout, then checks the whole inventory (no samples,
+duplicate keys) before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from enum import Enum
+
+import numpy as np
+
+from shardprep.errors import DuplicateKeyError, InputError
+from shardprep.inventory import Inventory
+from shardprep.scan.class_folders import scan_class_folders
+from shardprep.scan.keyed_files import looks_keyed, scan_keyed_files
+from shardprep.scan.listing import scan_listing
+from shardprep.scan.tar_shards import scan_tar_shards
+from shardprep.scan.walk import Tick
+
+__all__ = ["InputFormat", "detect_format", "scan"]
+
+
+class InputFormat(str, Enum):
+    """The raw-input layouts shardprep understands."""
+
+    AUTO = "auto"
+    CLASS_FOLDERS = "class-folders"
+    KEYED = "keyed"
+    LISTING = "listing"
+    TAR = "tar"
+
+
+def detect_format(raw: str) -> InputFormat:
+    """Guess the layout of ``raw`` (see docs/cli.md for the rules).
+
+    Raises:
+        InputError: ``raw`` is missing, empty or of no known layout.
+    """
+    if not os.path.exists(raw):
+        raise InputError(f"{raw}: no such file or folder", raw)
+    if os.path.isfile(raw):
+        lower = raw.lower()
+        if lower.endswith((".csv", ".tsv", ".jsonl", ".ndjson")):
+            return InputFormat.LISTING
+        if lower.endswith(".tar"):
+            return InputFormat.TAR
+        raise InputError(
+            f"{raw}: a file input must be a .csv/.tsv/.jsonl listing or a .tar shard", raw
+        )
+    entries = [e for e in os.scandir(raw) if not e.name.startswith(".")]
+    if not entries:
+        raise InputError(f"{raw}: the folder is empty; point RAW at the dataset", raw)
+    files = [e for e in entries if not e.is_dir()]
+    if files and all(e.name.endswith(".tar") for e in files):
+        return InputFormat.TAR
+    if files:
+        return InputFormat.KEYED
+    return InputFormat.KEYED if looks_keyed(raw) else InputFormat.CLASS_FOLDERS
+
+
+def scan(
+    raw: str,
+    fmt: InputFormat = InputFormat.AUTO,
+    tick: Tick | None = None,
+    path_column: str = "path",
+    label_column: str | None = None,
+) -> Inventory:
+    """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
+
+    Raises:
+        InputError: the input is unusable; the message lists the offending paths.
+        DuplicateKeyError: two sources map to the same sample key.
+    """
+    fmt = InputFormat(fmt)
+    if fmt is InputFormat.AUTO:
+        fmt = detect_format(raw)
+    elif not os.path.exists(raw):
+        raise InputError(f"{raw}: no such file or folder", raw)
+    count: Callable[[int], None] = tick or (lambda _n: None)
+    if fmt is InputFormat.LISTING:
+        inventory = scan_listing(raw, count, path_column, label_column)
+    else:
+        scanner = {
+            InputFormat.CLASS_FOLDERS: scan_class_folders,
+            InputFormat.KEYED: scan_keyed_files,
+            InputFormat.TAR: scan_tar_shards,
+        }[fmt]
+        inventory = scanner(os.path.abspath(raw), count)
+    if not len(inventory):
+        raise InputError(f"{raw}: no samples found", raw)
+    check_unique_keys(inventory)
+    return inventory
+
+
+def check_unique_keys(inventory: Inventory) -> None:
+    """Raise DuplicateKeyError if two samples map to one key.
+
+    Compares 64-bit hashes (8 bytes per sample, not a set of strings), then
+    confirms a clash on the strings themselves.
+    """
+    hashes = np.fromiter(
+        (hash(inventory.key(i)) for i in range(len(inventory))),
+        dtype=np.int64,
+        count=len(inventory),
+    )
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    for pos in same:
+        a, b = int(order[pos]), int(order[pos + 1])
+        if inventory.key(a) == inventory.key(b):
+            raise DuplicateKeyError(
+                inventory.key(a), [inventory.sample(a).source, inventory.sample(b).source]
+            )

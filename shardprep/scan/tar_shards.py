@@ -1,0 +1,99 @@
+"""Scanner for existing WebDataset tar shards, so they can be re-sharded into N balanced ones.
+
+Reads tar headers (and ``.cls`` members, for labels), never other member data:
+each part is recorded as (tar file, data offset, size) and copied by the writer.
+Members are grouped into samples by WebDataset's rule: consecutive members
+whose names share everything up to the first dot after the last slash.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+from shardprep.errors import InputError
+from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.scan.labels import LabelTable
+from shardprep.scan.walk import Problems, Tick
+
+__all__ = ["list_tar_shards", "scan_tar_shards"]
+
+LABEL_EXT = "cls"
+
+
+def list_tar_shards(raw: str) -> list[str]:
+    """The ``.tar`` files to read: ``raw`` itself, or every ``*.tar`` in the folder, sorted."""
+    if os.path.isfile(raw):
+        return [os.path.abspath(raw)]
+    names = sorted(n for n in os.listdir(raw) if n.endswith(".tar") and not n.startswith("."))
+    if not names:
+        raise InputError(f"{raw}: no .tar files found", raw)
+    return [os.path.join(os.path.abspath(raw), n) for n in names]
+
+
+def _split_member(name: str) -> tuple[str, str]:
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+
+
+def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
+    """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress."""
+    tars = list_tar_shards(raw)
+    root = os.path.dirname(tars[0]) if os.path.isfile(raw) else os.path.abspath(raw)
+    builder = InventoryBuilder(root)
+    labels, problems = LabelTable(), Problems()
+    unlabelled = 0
+    for tar_path in tars:
+        try:
+            with tarfile.open(tar_path, "r:") as tar:
+                current, parts, label_text = None, [], None
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    stem, ext = _split_member(member.name)
+                    if stem.rsplit("/", 1)[-1].startswith("__"):
+                        continue  # WebDataset metadata member such as __key__
+                    if stem != current:
+                        if current is not None:
+                            unlabelled += _add(
+                                builder, labels, current, parts, label_text, tar_path
+                            )
+                            tick(1)
+                        current, parts, label_text = stem, [], None
+                    if ext == LABEL_EXT:
+                        fileobj = tar.extractfile(member)
+                        label_text = fileobj.read().decode("utf-8").strip() if fileobj else ""
+                    elif not ext:
+                        problems.add(f"{tar_path}:{member.name}", "member has no extension")
+                    else:
+                        parts.append((ext, member.size, member.offset_data))
+                if current is not None:
+                    unlabelled += _add(builder, labels, current, parts, label_text, tar_path)
+                    tick(1)
+        except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
+            problems.add(
+                tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first"
+            )
+    if len(labels) and unlabelled:
+        problems.add(raw, f"{unlabelled} sample(s) have no .cls while others do; label all or none")
+    problems.raise_if_any()
+    if not len(labels):
+        return builder.freeze(None)
+    names, mapping = labels.finish()
+    builder.relabel(mapping)
+    return builder.freeze(names)
+
+
+def _add(
+    builder: InventoryBuilder,
+    labels: LabelTable,
+    stem: str,
+    parts: list[tuple[str, int, int]],
+    label_text: str | None,
+    tar_path: str,
+) -> int:
+    """Add one grouped sample; returns 1 if it had no label."""
+    label = labels.intern(label_text) if label_text else UNLABELLED
+    builder.add(stem, label, parts, container=tar_path)
+    return int(label == UNLABELLED)

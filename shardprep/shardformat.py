@@ -1,0 +1,231 @@
+"""The on-disk contract: shard and index file names, tar member layout, index layout.
+
+This is the only module that knows how bytes are laid out on disk; the writer
+(``shardprep.write``) and the reader (``loader.read``) both import it.
+``docs/format.md`` documents the same layout field by field.
+
+Tar members are written as POSIX ustar headers with fixed metadata (mode 0644,
+uid/gid 0, empty user/group names, mtime 0), so the same samples always give the
+same bytes. A name longer than 100 bytes is preceded by a GNU ``././@LongLink``
+record, which GNU tar, Python's ``tarfile`` and WebDataset all read.
+
+The sidecar index (``shard-NNNNN.idx``) holds, per sample, the byte offset of
+its first header, the data offset, size and extension of every member, its
+label, key, source path and resampling copy number, and for ``.tar.zst`` shards
+the table of independent zstd frames. A reader can thus start at any sample
+without parsing tar headers or decompressing from the start of the shard.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BLOCK",
+    "EOF_MARKER",
+    "INDEX_MAGIC",
+    "INDEX_VERSION",
+    "MANIFEST_NAME",
+    "ShardIndex",
+    "decode_index",
+    "encode_index",
+    "index_name",
+    "padding",
+    "shard_name",
+    "tar_header",
+]
+
+BLOCK = 512
+EOF_MARKER = bytes(2 * BLOCK)
+MANIFEST_NAME = "manifest.json"
+INDEX_MAGIC = b"SHPIDX\x00\x01"
+INDEX_VERSION = 1
+
+
+def shard_name(index: int, compression: str) -> str:
+    """File name of shard ``index``: ``shard-00007.tar`` or ``shard-00007.tar.zst``."""
+    return f"shard-{index:05d}.tar" + (".zst" if compression == "zstd" else "")
+
+
+def index_name(index: int) -> str:
+    """File name of the sidecar index of shard ``index``."""
+    return f"shard-{index:05d}.idx"
+
+
+# --- tar headers ---------------------------------------------------------------
+# A ustar header is 512 bytes: name[100] mode[8] uid[8] gid[8] size[12] mtime[12]
+# chksum[8] typeflag[1] linkname[100] magic[6] version[2] uname[32] gname[32]
+# devmajor[8] devminor[8] prefix[155] pad[12]. Only name, size and the checksum
+# vary between our members, so the rest is precomputed once.
+_MODE_UID_GID = b"0000644\x00" + b"0000000\x00" + b"0000000\x00"
+_MTIME = b"00000000000\x00"
+_TAIL_REGULAR = (
+    b"0"  # typeflag: regular file
+    + bytes(100)  # linkname
+    + b"ustar\x0000"  # magic + version (POSIX)
+    + bytes(32 + 32)  # uname, gname
+    + b"0000000\x00" * 2  # devmajor, devminor
+    + bytes(155 + 12)  # prefix, pad
+)
+_TAIL_LONGNAME = b"L" + _TAIL_REGULAR[1:]
+_CHKSUM_BLANK = b" " * 8
+_FIXED_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + sum(_CHKSUM_BLANK)
+_SUM_REGULAR = _FIXED_SUM + sum(_TAIL_REGULAR)
+_SUM_LONGNAME = _FIXED_SUM + sum(_TAIL_LONGNAME)
+_LONGLINK = b"././@LongLink"
+_MAX_OCTAL_SIZE = 0o77777777777  # 8 GiB - 1 fits 11 octal digits
+
+
+def _size_field(size: int) -> bytes:
+    if size <= _MAX_OCTAL_SIZE:
+        return b"%011o\x00" % size
+    # GNU base-256: high bit set, big-endian binary (tarfile and GNU tar read it).
+    return b"\x80" + size.to_bytes(11, "big")
+
+
+def _one_header(name: bytes, size: int, tail: bytes, tail_sum: int) -> bytes:
+    size_field = _size_field(size)
+    checksum = tail_sum + sum(name) + sum(size_field)
+    return b"".join(
+        (
+            name,
+            bytes(100 - len(name)),
+            _MODE_UID_GID,
+            size_field,
+            _MTIME,
+            b"%06o\x00 " % checksum,
+            tail,
+        )
+    )
+
+
+def tar_header(name: bytes, size: int) -> bytes:
+    """The header record(s) of one regular-file member ``name`` of ``size`` bytes.
+
+    Returns 512 bytes, or 1536 when the name needs a GNU long-name record.
+    """
+    if len(name) <= 100:
+        return _one_header(name, size, _TAIL_REGULAR, _SUM_REGULAR)
+    longname = name + b"\x00"
+    return (
+        _one_header(_LONGLINK, len(longname), _TAIL_LONGNAME, _SUM_LONGNAME)
+        + longname
+        + padding(len(longname))
+        + _one_header(name[:100], size, _TAIL_REGULAR, _SUM_REGULAR)
+    )
+
+
+def padding(size: int) -> bytes:
+    """Zero bytes that round a member of ``size`` bytes up to a 512-byte block."""
+    return bytes(-size % BLOCK)
+
+
+# --- sidecar index ---------------------------------------------------------------
+
+_ARRAY_DTYPES: dict[str, str] = {
+    "sample_offset": "<u8",  # n+1: tar offset of each sample's first header; [n] = end of data
+    "member_start": "<u8",  # n+1: index of each sample's first member in the member_* arrays
+    "member_ext": "<u2",  # m: position of the member's extension in ``exts``
+    "member_offset": "<u8",  # m: tar offset of the member's data
+    "member_size": "<u8",  # m: data size in bytes
+    "label": "<i4",  # n: class index, -1 when unlabelled
+    "copy": "<u4",  # n: 0 for an original sample, k for its k-th resampled copy
+    "key_end": "<u8",  # n: end of each key in key_blob (utf-8)
+    "source_end": "<u8",  # n: end of each source path in source_blob (utf-8)
+    "frame_sample": "<u8",  # F+1: first sample of each zstd frame; [F] = n (empty for .tar)
+    "frame_offset": "<u8",  # F+1: file offset of each zstd frame; [F] = file size
+    "key_blob": "u1",
+    "source_blob": "u1",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ShardIndex:
+    """Per-sample metadata of one shard, as numpy arrays (see ``_ARRAY_DTYPES``)."""
+
+    exts: tuple[str, ...]
+    sample_offset: npt.NDArray[np.uint64]
+    member_start: npt.NDArray[np.uint64]
+    member_ext: npt.NDArray[np.uint16]
+    member_offset: npt.NDArray[np.uint64]
+    member_size: npt.NDArray[np.uint64]
+    label: npt.NDArray[np.int32]
+    copy: npt.NDArray[np.uint32]
+    key_end: npt.NDArray[np.uint64]
+    source_end: npt.NDArray[np.uint64]
+    frame_sample: npt.NDArray[np.uint64]
+    frame_offset: npt.NDArray[np.uint64]
+    key_blob: npt.NDArray[np.uint8]
+    source_blob: npt.NDArray[np.uint8]
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples in the shard."""
+        return len(self.label)
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``."""
+        start = int(self.key_end[i - 1]) if i else 0
+        return bytes(self.key_blob[start : int(self.key_end[i])]).decode("utf-8")
+
+    def source(self, i: int) -> str:
+        """The source path (relative to the build input) of sample ``i``."""
+        start = int(self.source_end[i - 1]) if i else 0
+        return bytes(self.source_blob[start : int(self.source_end[i])]).decode(
+            "utf-8", "surrogateescape"
+        )
+
+
+def encode_index(exts: list[str], arrays: dict[str, Any]) -> bytes:
+    """Serialize an index: magic, u64 header length, JSON header, 8-aligned arrays."""
+    header: dict[str, Any] = {
+        "format": "shardprep-index",
+        "version": INDEX_VERSION,
+        "exts": exts,
+        "arrays": {},
+    }
+    blobs: list[bytes] = []
+    offset = 0
+    for name, dtype in _ARRAY_DTYPES.items():
+        data = np.asarray(arrays[name], dtype=dtype).tobytes()
+        header["arrays"][name] = [dtype, offset, len(data)]
+        blobs.append(data + bytes(-len(data) % 8))
+        offset += len(data) + (-len(data) % 8)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return INDEX_MAGIC + struct.pack("<Q", len(head)) + head + b"".join(blobs)
+
+
+def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
+    """Parse bytes written by :func:`encode_index`.
+
+    Raises:
+        ManifestError: the bytes are not a shardprep index of a known version.
+    """
+    from shardprep.errors import ManifestError
+
+    if data[:8] != INDEX_MAGIC or len(data) < 16:
+        raise ManifestError(f"{path}: not a shardprep index (bad magic); rebuild the shards", path)
+    (head_len,) = struct.unpack_from("<Q", data, 8)
+    try:
+        header = json.loads(data[16 : 16 + head_len])
+        base = 16 + head_len
+        fields: dict[str, Any] = {"exts": tuple(header["exts"])}
+        for name, dtype in _ARRAY_DTYPES.items():
+            stored_dtype, offset, length = header["arrays"][name]
+            if stored_dtype != dtype or base + offset + length > len(data):
+                raise ValueError(f"array {name} is truncated or of type {stored_dtype}")
+            fields[name] = np.frombuffer(
+                data, dtype=dtype, count=length // np.dtype(dtype).itemsize, offset=base + offset
+            )
+    except (ValueError, KeyError, TypeError) as err:
+        raise ManifestError(
+            f"{path}: corrupt shard index ({err}); rebuild the shards", path
+        ) from err
+    return ShardIndex(**fields)
