@@ -1,0 +1,155 @@
+"""Shuffle: a worker's stream, read in windows and emitted in a seeded order inside each window.
+
+A window is the next run of the worker's samples holding at most
+``max_samples`` samples and ``max_bytes`` bytes (at least one sample); its
+boundaries come from the index alone. Each window is read, then emitted in a
+permutation keyed by (seed, epoch, rank, worker, window number). Because
+windows and permutations are pure functions of metadata, resuming after ``k``
+samples skips whole windows without reading them and re-reads only the
+window it lands in. Memory is one window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from loader.errors import CorruptShardError
+from loader.order import SampleRange
+from loader.read import Chunk, ShardReader
+from shardprep.rng import derive_rng
+
+__all__ = ["plan_windows", "windowed_stream"]
+
+log = logging.getLogger(__name__)
+
+
+def plan_windows(
+    pieces: list[SampleRange],
+    sizes_of: Callable[[SampleRange], list[int]],
+    max_samples: int,
+    max_bytes: int,
+) -> Iterator[list[SampleRange]]:
+    """Group ``pieces`` (in order) into windows; each window is a list of sub-ranges."""
+    window: list[SampleRange] = []
+    count = nbytes = 0
+    for piece in pieces:
+        start = piece.start
+        for i, size in enumerate(sizes_of(piece)):
+            if count and (count >= max_samples or nbytes + size > max_bytes):
+                cut = piece.start + i
+                if cut > start:
+                    window.append(SampleRange(piece.shard, start, cut, piece.padded))
+                yield window
+                window, count, nbytes, start = [], 0, 0, cut
+            count += 1
+            nbytes += size
+        if piece.stop > start:
+            window.append(SampleRange(piece.shard, start, piece.stop, piece.padded))
+    if window:
+        yield window
+
+
+class _Substitute:
+    """Stands in for an unreadable piece under ``on_error="skip"``: repeats one good sample."""
+
+    def __init__(self, sample: dict[str, Any], count: int) -> None:
+        self._sample = {**sample, "__padded__": True}
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def sample(self, j: int) -> dict[str, Any]:
+        return dict(self._sample)
+
+
+class ErrorPolicy:
+    """``raise`` (default) or ``skip``: replace unreadable samples, capped by consecutive failures.
+
+    Skipped samples are replaced by a repeat of a readable one flagged
+    ``__padded__``, so every rank still yields exactly the same count.
+    """
+
+    def __init__(self, mode: str, max_consecutive: int) -> None:
+        if mode not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {mode!r}")
+        self.skip = mode == "skip"
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.last_good: dict[str, Any] | None = None
+
+
+def _read_window(
+    window: list[SampleRange], reader: ShardReader, policy: ErrorPolicy
+) -> list[Chunk | _Substitute]:
+    chunks: list[Chunk | _Substitute | SampleRange] = []
+    for piece in window:
+        try:
+            chunk = reader.read(piece)
+        except CorruptShardError as err:
+            if not policy.skip:
+                raise
+            policy.consecutive += 1
+            log.warning("skipping %d sample(s): %s", len(piece), err)
+            if policy.consecutive > policy.max_consecutive:
+                raise CorruptShardError(
+                    err.shard,
+                    err.key,
+                    err.offset,
+                    f"{policy.consecutive} consecutive unreadable ranges; giving up",
+                ) from err
+            chunks.append(piece)
+            continue
+        policy.consecutive = 0
+        if len(chunk):
+            policy.last_good = chunk.sample(0)
+        chunks.append(chunk)
+    result: list[Chunk | _Substitute] = []
+    for item in chunks:
+        if isinstance(item, SampleRange):
+            if policy.last_good is None:
+                raise CorruptShardError(
+                    "?", "?", 0, "no readable sample to stand in for skipped ones"
+                )
+            result.append(_Substitute(policy.last_good, len(item)))
+        else:
+            result.append(item)
+    return result
+
+
+def windowed_stream(
+    pieces: list[SampleRange],
+    reader: ShardReader,
+    *,
+    shuffle: bool,
+    rng_key: tuple[int, ...],
+    skip: int,
+    max_samples: int,
+    max_bytes: int,
+    policy: ErrorPolicy,
+) -> Iterator[dict[str, Any]]:
+    """The worker's samples in window-shuffled order, starting after the first ``skip``.
+
+    ``rng_key`` is (seed, epoch, rank, worker); window ``k`` is permuted by
+    ``derive_rng(seed, "window", epoch, rank, worker, k)``.
+    """
+    windows = plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes)
+    for number, window in enumerate(windows):
+        size = sum(len(p) for p in window)
+        if skip >= size:
+            skip -= size  # resume: this window was consumed before; do not read it
+            continue
+        chunks = _read_window(window, reader, policy)
+        owners = [c for c in chunks for _ in range(len(c))]
+        positions = [j for c in chunks for j in range(len(c))]
+        if shuffle:
+            order = (
+                derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size).tolist()
+            )
+        else:
+            order = list(range(size))
+        for p in order[skip:]:
+            yield owners[p].sample(positions[p])
+        skip = 0
