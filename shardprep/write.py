@@ -31,7 +31,7 @@ from shardprep.shardformat import (
 
 __all__ = ["FRAME_BYTES", "ShardRecord", "record_from_files", "write_shard"]
 
-FRAME_BYTES = 1 << 20
+FRAME_BYTES = 256 << 10
 """Uncompressed bytes per zstd frame (rounded up to whole samples); also the write chunk."""
 
 LABEL_EXT = "cls"

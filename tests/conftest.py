@@ -1,0 +1,77 @@
+"""Shared fixtures: small raw datasets with computable contents, and built outputs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import shardprep
+
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=25, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def payload(label: int, index: int) -> bytes:
+    """Deterministic, unique content of sample ``index`` of class ``label`` (varying size)."""
+    head = f"class={label} index={index};".encode()
+    return head + bytes((index * 7 + k) % 251 for k in range(37 * (index % 23) + 5))
+
+
+@pytest.fixture
+def make_class_folders(tmp_path: Path) -> Callable[..., Path]:
+    """``make_class_folders({"cat": 7, "dog": 3})`` → a RAW folder with those counts.
+
+    Files are ``RAW/<class>/<index:05d>.bin`` holding ``payload(label, index)``.
+    """
+
+    def make(counts: dict[str, int], name: str = "raw") -> Path:
+        root = tmp_path / name
+        index = 0
+        for label, (cls, count) in enumerate(sorted(counts.items())):
+            folder = root / cls
+            folder.mkdir(parents=True)
+            for _ in range(count):
+                (folder / f"{index:05d}.bin").write_bytes(payload(label, index))
+                index += 1
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A built output: 3 classes (60/30/13 = 103 samples), 8 shards, plain tar."""
+    base = tmp_path_factory.mktemp("built")
+    raw = base / "raw"
+    index = 0
+    for label, (cls, count) in enumerate([("a", 60), ("b", 30), ("c", 13)]):
+        (raw / cls).mkdir(parents=True)
+        for _ in range(count):
+            (raw / cls / f"{index:05d}.bin").write_bytes(payload(label, index))
+            index += 1
+    out = base / "out"
+    shardprep.build(str(raw), str(out), shards=8, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def built_zstd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Like ``built`` but 1001 samples in 10 zstd shards (several frames per shard)."""
+    base = tmp_path_factory.mktemp("built_zstd")
+    raw = base / "raw"
+    index = 0
+    for label, (cls, count) in enumerate([("a", 600), ("b", 300), ("c", 101)]):
+        (raw / cls).mkdir(parents=True)
+        for _ in range(count):
+            (raw / cls / f"{index:05d}.bin").write_bytes(payload(label, index) * 40)
+            index += 1
+    out = base / "out"
+    shardprep.build(str(raw), str(out), shards=10, workers=1, compression="zstd", progress=False)
+    return out
