@@ -21,7 +21,7 @@ from loader.partition import Uneven, partition, samples_per_rank, slot_counts
 from loader.read import ShardReader
 from loader.shuffle import ErrorPolicy, windowed_stream
 from loader.source import Source
-from loader.state import STATE_VERSION, check_state, consumed_per_slot
+from loader.state import STATE_VERSION, check_state, replay
 from loader.world import World, detect_rank
 
 __all__ = ["ShardDataset"]
@@ -127,14 +127,13 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     # --- iteration ----------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        world = World.for_worker(self.rank, self.world_size)
         epoch = self.epoch
+        # → which rank and worker slot this is (slots rotate after a resume, see state.replay)
+        world, skip = self._world_and_skip(epoch)
         # → the epoch's block order, identical on every rank and worker
         order = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
-        # → this (rank, worker)'s sample ranges: equal counts per rank and per worker slot
+        # → this (rank, slot)'s sample ranges: equal counts per rank and per worker slot
         pieces = partition(order, self._total, world, self.uneven)
-        # → samples this worker already delivered before a checkpoint (resume), else 0
-        skip = self._resume_skip(world, epoch)
         reader = ShardReader(self.source, self.manifest, self.verify)
         decoder = make_decoder(self.decode, self.allow_pickle)
         try:
@@ -187,12 +186,28 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         batch_size = (dataloader.batch_size or 1) if dataloader is not None else 1
         drop_last = bool(dataloader.drop_last) if dataloader is not None else False
         counts = slot_counts(len(self), num_workers)
-        consumed = consumed_per_slot(batches, counts, batch_size, drop_last)
+        consumed, next_slot = replay(batches, counts, batch_size, drop_last)
+        resumed = self._resume
+        if resumed is not None and resumed["epoch"] == self.epoch:
+            # ``batches`` counts from the resumed iteration: add what came before it.
+            if resumed["num_workers"] != num_workers:
+                raise IncompatibleStateError.field_differs(
+                    "num_workers", resumed["num_workers"], num_workers
+                )
+            start = resumed["next_slot"]
+            shifted, next_position = replay(
+                batches, self._remaining(resumed), batch_size, drop_last
+            )
+            consumed = list(resumed["consumed"])
+            for position, slot in enumerate(self._rotation(start, num_workers)):
+                consumed[slot] += shifted[position]
+            next_slot = (start + next_position) % num_workers
         return {
             **self._fields(),
             "epoch": self.epoch,
             "num_workers": num_workers,
             "consumed": consumed,
+            "next_slot": next_slot,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -208,18 +223,33 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.set_epoch(int(state["epoch"]))
         self._resume = dict(state)
 
-    def _resume_skip(self, world: World, epoch: int) -> int:
+    def _world_and_skip(self, epoch: int) -> tuple[World, int]:
+        """This process's World (worker → slot) and how many of its samples to skip."""
+        world = World.for_worker(self.rank, self.world_size)
         state = self._resume
         if state is None or state["epoch"] != epoch:
-            return 0
+            return world, 0
         if state["num_workers"] != world.num_workers:
-            raise IncompatibleStateError(
+            raise IncompatibleStateError.field_differs(
                 "num_workers",
                 state["num_workers"],
                 world.num_workers,
                 "create the DataLoader with the same num_workers as when the state was saved",
             )
-        return int(state["consumed"][world.worker])
+        slot = (state["next_slot"] + world.worker) % world.num_workers
+        world = World(world.rank, world.world_size, slot, world.num_workers)
+        return world, int(state["consumed"][slot])
+
+    @staticmethod
+    def _rotation(start: int, num_workers: int) -> list[int]:
+        """Slots served by DataLoader workers 0, 1, ... after a resume that starts at ``start``."""
+        return [(start + i) % num_workers for i in range(num_workers)]
+
+    def _remaining(self, state: Mapping[str, Any]) -> list[int]:
+        """Samples each resumed DataLoader worker still had to deliver, in worker order."""
+        counts = slot_counts(len(self), state["num_workers"])
+        rotation = self._rotation(state["next_slot"], state["num_workers"])
+        return [counts[slot] - state["consumed"][slot] for slot in rotation]
 
     # --- pickling (DataLoader workers) -------------------------------------------
 

@@ -18,32 +18,68 @@ __all__ = ["CorruptShardError", "IncompatibleStateError", "LoaderError", "WorldM
 
 
 class CorruptShardError(LoaderError, OSError):
-    """A shard is missing, truncated or corrupt where a sample should be."""
+    """A shard is missing, truncated or corrupt where a sample should be.
 
-    def __init__(self, shard: str, key: str, offset: int, reason: str) -> None:
-        super().__init__(
-            f"{shard}: sample {key!r} at offset {offset}: {reason}; run `shardprep verify` on "
-            "the output folder and rebuild or restore the shard"
-        )
+    Build one with :meth:`at`; the plain ``CorruptShardError(message)`` form
+    exists so the error survives DataLoader's re-raise from a worker.
+    """
+
+    def __init__(
+        self, message: str, *, shard: str = "", key: str = "", offset: int = -1, reason: str = ""
+    ) -> None:
+        super().__init__(message)
         self.shard, self.key, self.offset, self.reason = shard, key, offset, reason
 
+    @classmethod
+    def at(cls, shard: str, key: str, offset: int, reason: str) -> CorruptShardError:
+        """The error for sample ``key`` at byte ``offset`` of ``shard``."""
+        return cls(
+            f"{shard}: sample {key!r} at offset {offset}: {reason}; run `shardprep verify` on "
+            "the output folder and rebuild or restore the shard",
+            shard=shard,
+            key=key,
+            offset=offset,
+            reason=reason,
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (CorruptShardError, (self.shard, self.key, self.offset, self.reason))
+        return (_rebuild, (CorruptShardError, str(self), self.__dict__))
 
 
 class IncompatibleStateError(LoaderError, ValueError):
-    """A resume state does not belong to this dataset, seed or world shape."""
+    """A resume state does not belong to this dataset, seed or world shape. Build with :meth:`field_differs`."""
 
-    def __init__(self, field: str, saved: Any, current: Any, hint: str = "") -> None:
-        super().__init__(
+    def __init__(
+        self, message: str, *, field: str = "", saved: Any = None, current: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.field, self.saved, self.current = field, saved, current
+
+    @classmethod
+    def field_differs(
+        cls, field: str, saved: Any, current: Any, hint: str = ""
+    ) -> IncompatibleStateError:
+        """The error for a saved ``field`` that differs from the current run's."""
+        return cls(
             f"cannot resume: the saved state has {field}={saved!r} but this run has "
-            f"{field}={current!r}{'; ' + hint if hint else ''}"
+            f"{field}={current!r}{'; ' + hint if hint else ''}",
+            field=field,
+            saved=saved,
+            current=current,
         )
-        self.field, self.saved, self.current, self.hint = field, saved, current, hint
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (IncompatibleStateError, (self.field, self.saved, self.current, self.hint))
+        return (_rebuild, (IncompatibleStateError, str(self), self.__dict__))
 
 
 class WorldMismatchError(LoaderError, ValueError):
     """Rank and world size are inconsistent (e.g. rank >= world_size)."""
+
+
+def _rebuild(cls: type[Exception], message: str, attributes: dict[str, Any]) -> Exception:
+    error = cls(message)
+    error.__dict__.update(attributes)
+    return error

@@ -114,7 +114,7 @@ class ShardReader:
                 f"{self._source.path(entry.index_file)}: cannot read ({err})"
             ) from err
         if hashlib.sha256(data).hexdigest() != entry.index_sha256:
-            raise ChecksumMismatchError(
+            raise ChecksumMismatchError.for_file(
                 self._source.path(entry.index_file),
                 entry.index_sha256,
                 hashlib.sha256(data).hexdigest(),
@@ -186,7 +186,9 @@ class ShardReader:
         self, piece: SampleRange, index: ShardIndex, sample: int, reason: str
     ) -> CorruptShardError:
         name = self._source.path(self._manifest.shards[piece.shard].file)
-        return CorruptShardError(name, index.key(sample), int(index.sample_offset[sample]), reason)
+        return CorruptShardError.at(
+            name, index.key(sample), int(index.sample_offset[sample]), reason
+        )
 
     def _check_sha256(self, shard: int) -> None:
         entry = self._manifest.shards[shard]
@@ -195,7 +197,7 @@ class ShardReader:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         if digest.hexdigest() != entry.sha256:
-            raise ChecksumMismatchError(
+            raise ChecksumMismatchError.for_file(
                 self._source.path(entry.file), entry.sha256, digest.hexdigest()
             )
         self._verified.add(shard)

@@ -94,7 +94,7 @@ def _read_window(
             policy.consecutive += 1
             log.warning("skipping %d sample(s): %s", len(piece), err)
             if policy.consecutive > policy.max_consecutive:
-                raise CorruptShardError(
+                raise CorruptShardError.at(
                     err.shard,
                     err.key,
                     err.offset,
@@ -110,7 +110,7 @@ def _read_window(
     for item in chunks:
         if isinstance(item, SampleRange):
             if policy.last_good is None:
-                raise CorruptShardError(
+                raise CorruptShardError.at(
                     "?", "?", 0, "no readable sample to stand in for skipped ones"
                 )
             result.append(_Substitute(policy.last_good, len(item)))

@@ -15,7 +15,7 @@ from typing import Any
 
 from loader.errors import IncompatibleStateError
 
-__all__ = ["STATE_VERSION", "check_state", "consumed_per_slot"]
+__all__ = ["STATE_VERSION", "check_state", "consumed_per_slot", "replay"]
 
 STATE_VERSION = 1
 
@@ -40,11 +40,20 @@ def _batches_of(count: int, batch_size: int, drop_last: bool) -> int:
 def consumed_per_slot(
     batches: int, slot_counts: Sequence[int], batch_size: int, drop_last: bool = False
 ) -> list[int]:
-    """Samples each worker slot had produced once ``batches`` batches were consumed.
+    """Samples each worker slot had produced once ``batches`` batches were consumed."""
+    return replay(batches, slot_counts, batch_size, drop_last)[0]
 
-    DataLoader takes batch ``i`` from the ``i``-th worker in round-robin order
-    among the workers that still have batches, so after ``batches`` batches a
-    worker with ``b_w`` batches has delivered ``min(b_w, rounds it took part in)``.
+
+def replay(
+    batches: int, slot_counts: Sequence[int], batch_size: int, drop_last: bool = False
+) -> tuple[list[int], int]:
+    """(samples consumed per slot, slot that delivers the next batch) after ``batches`` batches.
+
+    DataLoader takes batches from its workers in a fixed cycle 0, 1, ...,
+    skipping workers that have run out. After a resume the DataLoader starts
+    its cycle at worker 0 again, so the dataset maps worker ``i`` to slot
+    ``(next_slot + i) % num_workers``: the resumed cycle then visits the slots
+    in the same order as the uninterrupted run would have.
 
     Raises:
         ValueError: ``batches`` is more than the epoch has.
@@ -66,7 +75,11 @@ def consumed_per_slot(
         for position, w in enumerate(active):
             taken[w] += full + (1 if position < partial else 0)
         remaining = 0
-    return [min(t * batch_size, c) for t, c in zip(taken, slot_counts, strict=True)]
+    consumed = [min(t * batch_size, c) for t, c in zip(taken, slot_counts, strict=True)]
+    active = [w for w, b in enumerate(per_worker) if taken[w] < b]
+    # Active slots that already took this round's batch have one more than the rest.
+    next_slot = min(active, key=lambda w: (taken[w], w)) if active else 0
+    return consumed, next_slot
 
 
 def check_state(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
@@ -76,13 +89,13 @@ def check_state(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
         IncompatibleStateError: other version, dataset, seed, options or world size.
     """
     if saved.get("version") != STATE_VERSION:
-        raise IncompatibleStateError("version", saved.get("version"), STATE_VERSION)
+        raise IncompatibleStateError.field_differs("version", saved.get("version"), STATE_VERSION)
     hints = {
         "manifest": "the state was saved for another build of the data",
         "world_size": "resume with the same number of ranks (elastic re-splitting is not supported)",
     }
     for field in MUST_MATCH:
         if saved.get(field) != current.get(field):
-            raise IncompatibleStateError(
+            raise IncompatibleStateError.field_differs(
                 field, saved.get(field), current.get(field), hints.get(field, "")
             )

@@ -93,20 +93,29 @@ class ManifestError(ShardprepError):
 
 
 class ChecksumMismatchError(ManifestError):
-    """A shard's bytes do not match the sha256 recorded in the manifest."""
+    """A file's bytes do not match the sha256 recorded in the manifest. Build with :meth:`for_file`."""
 
-    def __init__(self, path: str, expected: str, actual: str) -> None:
-        super().__init__(
-            f"{path}: sha256 {actual} does not match the manifest's {expected}; "
-            "the file is corrupt or was modified: rebuild it (shardprep build --resume "
-            "after deleting the file) or restore it from a copy",
-            path=path,
-        )
+    def __init__(
+        self, message: str, path: str | None = None, expected: str = "", actual: str = ""
+    ) -> None:
+        super().__init__(message, path)
         self.expected = expected
         self.actual = actual
 
+    @classmethod
+    def for_file(cls, path: str, expected: str, actual: str) -> ChecksumMismatchError:
+        """The error for ``path`` whose sha256 is ``actual`` instead of ``expected``."""
+        return cls(
+            f"{path}: sha256 {actual} does not match the manifest's {expected}; "
+            "the file is corrupt or was modified: rebuild it (shardprep build --resume "
+            "after deleting the file) or restore it from a copy",
+            path,
+            expected,
+            actual,
+        )
+
     def __reduce__(self) -> tuple[object, ...]:
-        return (ChecksumMismatchError, (self.path, self.expected, self.actual))
+        return (ChecksumMismatchError, (str(self), self.path, self.expected, self.actual))
 
 
 class LoaderError(ShardprepError):
