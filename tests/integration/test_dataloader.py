@@ -30,7 +30,9 @@ def collate(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(ds: ShardDataset, workers: int, batch_size: int = 4, **kw: Any) -> list[list[str]]:
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate, **kw)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, num_workers=workers, collate_fn=collate, **kw
+    )
     return [keys_of(b) for b in loader]
 
 
@@ -66,7 +68,9 @@ def test_order_is_deterministic_and_changes_per_epoch_and_seed(built: Path) -> N
     next_epoch = run(ds, workers=2)
     assert next_epoch != first and other_seed != first
     flat = sorted(k for b in first for k in b)
-    assert sorted(k for b in next_epoch for k in b) == flat == sorted(k for b in other_seed for k in b)
+    assert (
+        sorted(k for b in next_epoch for k in b) == flat == sorted(k for b in other_seed for k in b)
+    )
 
 
 def test_no_shuffle_streams_shards_in_order(built: Path) -> None:
@@ -81,7 +85,9 @@ def test_persistent_workers_follow_set_epoch(built: Path) -> None:
         ds.set_epoch(epoch)
         expected.append(run(ds, workers=2))
     ds = ShardDataset(str(built), shuffle_buffer=8)
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate, persistent_workers=True)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2, collate_fn=collate, persistent_workers=True
+    )
     for epoch in range(3):
         ds.set_epoch(epoch)
         assert [keys_of(b) for b in loader] == expected[epoch]
@@ -107,7 +113,9 @@ def test_resume_yields_exactly_the_remaining_batches(
         assert run(resumed, workers) == batches[k:], f"resume after {k} batches"
 
 
-def test_resume_does_not_reread_consumed_windows(built_zstd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_does_not_reread_consumed_windows(
+    built_zstd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     read_samples = []
     original = read_module.ShardReader.read
 
@@ -170,7 +178,9 @@ def test_shuffle_quality(built_zstd: Path) -> None:
     keys = all_keys(built_zstd)
     build_position = {k: i for i, k in enumerate(keys)}
     ds = ShardDataset(str(built_zstd), decode=True)
-    samples = [s for b in torch.utils.data.DataLoader(ds, batch_size=50, collate_fn=collate) for s in b]
+    samples = [
+        s for b in torch.utils.data.DataLoader(ds, batch_size=50, collate_fn=collate) for s in b
+    ]
     positions = np.array([build_position[s["__key__"]] for s in samples])
     rho = np.corrcoef(np.argsort(np.argsort(positions)), np.arange(len(positions)))[0, 1]
     assert abs(rho) < 0.15

@@ -23,7 +23,9 @@ def _batches(count: int, batch_size: int) -> int:
     return -(-count // batch_size)
 
 
-def check_world(sizes: list[int], world_size: int, loader_workers: int, uneven: str, seed: int = 0) -> None:
+def check_world(
+    sizes: list[int], world_size: int, loader_workers: int, uneven: str, seed: int = 0
+) -> None:
     """All pieces of one world shape: equal per rank, equal per slot, disjoint, covering."""
     total = sum(sizes)
     num_workers = max(1, loader_workers)
@@ -35,7 +37,9 @@ def check_world(sizes: list[int], world_size: int, loader_workers: int, uneven: 
     for rank in range(world_size):
         slots = []
         for worker in range(num_workers):
-            samples = _expand(partition(order, total, World(rank, world_size, worker, num_workers), uneven))
+            samples = _expand(
+                partition(order, total, World(rank, world_size, worker, num_workers), uneven)
+            )
             slots.append(len(samples))
             for shard, index, is_pad in samples:
                 assert 0 <= index < sizes[shard]
@@ -64,7 +68,15 @@ def check_world(sizes: list[int], world_size: int, loader_workers: int, uneven: 
 @pytest.mark.parametrize("uneven", ["drop", "pad"])
 @pytest.mark.parametrize(
     "sizes",
-    [[1], [7], [100] * 10, [101, 100, 100, 100, 100, 100, 100, 100, 100, 100], [3, 0, 5, 9, 1, 2, 8], [13] * 7, [2, 1]],
+    [
+        [1],
+        [7],
+        [100] * 10,
+        [101, 100, 100, 100, 100, 100, 100, 100, 100, 100],
+        [3, 0, 5, 9, 1, 2, 8],
+        [13] * 7,
+        [2, 1],
+    ],
 )
 def test_grid(sizes: list[int], uneven: str) -> None:
     for world_size, workers in itertools.product([1, 2, 3, 4], [0, 1, 2, 3]):
@@ -82,7 +94,9 @@ def test_grid(sizes: list[int], uneven: str) -> None:
     uneven=st.sampled_from(["drop", "pad"]),
     seed=st.integers(0, 2**32),
 )
-def test_random_worlds(sizes: list[int], world_size: int, workers: int, uneven: str, seed: int) -> None:
+def test_random_worlds(
+    sizes: list[int], world_size: int, workers: int, uneven: str, seed: int
+) -> None:
     check_world(sizes, world_size, workers, uneven, seed)
 
 

@@ -52,7 +52,9 @@ def test_matches_real_dataloader(counts: list[int], batch_size: int, drop_last: 
     batch_size=st.integers(1, 9),
     data=st.data(),
 )
-def test_consumed_is_monotone_and_ends_at_counts(counts: list[int], batch_size: int, data: st.DataObject) -> None:
+def test_consumed_is_monotone_and_ends_at_counts(
+    counts: list[int], batch_size: int, data: st.DataObject
+) -> None:
     total = sum(-(-c // batch_size) for c in counts)
     k = data.draw(st.integers(0, total))
     now = consumed_per_slot(k, counts, batch_size)
@@ -66,9 +68,18 @@ def test_consumed_is_monotone_and_ends_at_counts(counts: list[int], batch_size: 
 
 
 def test_check_state_names_the_field() -> None:
-    base = {"version": STATE_VERSION, "manifest": "m", "seed": 0, "shuffle": True, "uneven": "drop",
-            "block_size": 8, "shuffle_buffer": 9, "shuffle_buffer_bytes": 10, "class_weights": None,
-            "world_size": 2}
+    base = {
+        "version": STATE_VERSION,
+        "manifest": "m",
+        "seed": 0,
+        "shuffle": True,
+        "uneven": "drop",
+        "block_size": 8,
+        "shuffle_buffer": 9,
+        "shuffle_buffer_bytes": 10,
+        "class_weights": None,
+        "world_size": 2,
+    }
     check_state(base, base)
     with pytest.raises(IncompatibleStateError, match="seed") as info:
         check_state({**base, "seed": 1}, base)
