@@ -16,6 +16,8 @@ from shardprep.rng import derive_rng
 
 __all__ = ["class_sizes", "write_example"]
 
+MARKER = ".shardprep-example"  # hidden, so the scan skips it
+
 
 def class_sizes(num_samples: int, num_classes: int) -> list[int]:
     """Per-class counts summing to ``num_samples``; largest ≈ 20× smallest, each ≥ 1."""
@@ -35,10 +37,14 @@ def write_example(
     Raises:
         InputError: ``raw`` exists and is not empty.
     """
+    counts = class_sizes(num_samples, num_classes)
+    marker = os.path.join(raw, MARKER)
+    stamp = f"{num_samples} {num_classes} {seed}\n"
     if os.path.exists(raw) and os.listdir(raw):
+        if os.path.exists(marker) and open(marker).read() == stamp:  # noqa: SIM115
+            return counts  # the same example is already there
         raise InputError(f"{raw}: not empty; choose a new folder for the example", raw)
     rng = derive_rng(seed, "example")
-    counts = class_sizes(num_samples, num_classes)
     index = 0
     for k, count in enumerate(counts):
         folder = os.path.join(raw, f"class-{k}")
@@ -51,4 +57,6 @@ def write_example(
             with open(os.path.join(folder, f"{index:06d}.npy"), "wb") as f:
                 f.write(buffer.getvalue())
             index += 1
+    with open(marker, "w") as f:
+        f.write(stamp)
     return counts
