@@ -12,6 +12,8 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch.utils.data
 
 from loader.decode import make_decoder
@@ -19,10 +21,12 @@ from loader.errors import IncompatibleStateError
 from loader.order import epoch_order
 from loader.partition import Uneven, partition, samples_per_rank, slot_counts
 from loader.read import ShardReader
+from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, windowed_stream
 from loader.source import Source
 from loader.state import STATE_VERSION, check_state, replay
 from loader.world import World, detect_rank
+from shardprep.shardformat import ShardIndex
 
 __all__ = ["ShardDataset"]
 
@@ -54,6 +58,11 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         allow_pickle: allow decoding pickle/torch members (runs code from the shard).
         on_error: ``"raise"`` (default) or ``"skip"``: replace unreadable samples
             with a flagged repeat, giving up after ``max_consecutive_errors``.
+        class_weights: reweight classes at read time (``"balanced"``, ``"sqrt"``,
+            a JSON file or ``"cat=2,dog=1"``). With ``resample=True`` each epoch
+            draws a seeded multiset with those class proportions (same total);
+            with ``resample=False`` the data is unchanged and every sample
+            carries ``"__weight__"`` (target share / actual share of its class).
     """
 
     def __init__(
@@ -74,6 +83,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         allow_pickle: bool = False,
         on_error: str = "raise",
         max_consecutive_errors: int = 10,
+        class_weights: str | None = None,
+        resample: bool = True,
     ) -> None:
         super().__init__()
         if seed < 0:
@@ -89,7 +100,19 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self.block_size, self.verify = block_size, verify
         ErrorPolicy(on_error, max_consecutive_errors)  # validates
         self.on_error, self.max_consecutive_errors = on_error, max_consecutive_errors
+        self.class_weights, self.resample = class_weights, resample
         self._sizes = [s.num_samples for s in self.manifest.shards]
+        self._reweighting: Reweighting | None = None
+        if class_weights is not None:
+            if self.manifest.class_names is None:
+                raise ValueError("class_weights needs a labelled dataset; this one has no classes")
+            self._reweighting = Reweighting(
+                class_weights,
+                self.manifest.class_names,
+                [s.class_counts for s in self.manifest.shards],
+            )
+            if resample:
+                self._sizes = self._reweighting.shard_sizes()
         self._total = sum(self._sizes)
         samples_per_rank(self._total, self.world_size, self.uneven)  # fails early if impossible
         # The epoch lives in a shared anonymous page, so persistent DataLoader
@@ -134,7 +157,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         order = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
         # → this (rank, slot)'s sample ranges: equal counts per rank and per worker slot
         pieces = partition(order, self._total, world, self.uneven)
-        reader = ShardReader(self.source, self.manifest, self.verify)
+        reader = ShardReader(self.source, self.manifest, self.verify, self._expander(epoch))
         decoder = make_decoder(self.decode, self.allow_pickle)
         try:
             # → raw samples, read window by window and shuffled inside each window
@@ -155,6 +178,28 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         finally:
             reader.close()
 
+    def _expander(
+        self, epoch: int
+    ) -> Callable[[int, ShardIndex], tuple[npt.NDArray[np.int64], list[float] | None]] | None:
+        """How a shard's samples are repeated, dropped or weighted this epoch (class_weights)."""
+        reweighting = self._reweighting
+        if reweighting is None:
+            return None
+        if not self.resample:
+
+            def weigh(
+                shard: int, index: ShardIndex
+            ) -> tuple[npt.NDArray[np.int64], list[float] | None]:
+                weights = reweighting.class_weight[np.maximum(index.label, 0)].tolist()
+                return np.arange(index.num_samples, dtype=np.int64), weights
+
+            return weigh
+
+        def draw(shard: int, index: ShardIndex) -> tuple[npt.NDArray[np.int64], list[float] | None]:
+            return reweighting.sample_ids(index.label, shard, self.seed, epoch), None
+
+        return draw
+
     # --- resume -------------------------------------------------------------------
 
     def _fields(self) -> dict[str, Any]:
@@ -167,7 +212,9 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "block_size": self.block_size,
             "shuffle_buffer": self.shuffle_buffer,
             "shuffle_buffer_bytes": self.shuffle_buffer_bytes,
-            "class_weights": None,
+            "class_weights": None
+            if self.class_weights is None
+            else f"{self.class_weights} resample={self.resample}",
             "world_size": self.world_size,
         }
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from loader.errors import CorruptShardError
 from loader.order import SampleRange
@@ -24,6 +26,7 @@ from shardprep.shardformat import ShardIndex, decode_index
 
 __all__ = ["Chunk", "ShardReader"]
 
+IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # indexes kept per worker (a few hundred bytes per sample each)
 
 
@@ -37,12 +40,21 @@ class Chunk:
         "_member_ext",
         "_member_start",
         "_offset",
+        "_selection",
         "_size",
+        "extra",
         "padded",
-        "sizes",
     )
 
-    def __init__(self, data: bytes, base: int, index: ShardIndex, piece: SampleRange) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        base: int,
+        index: ShardIndex,
+        piece: SampleRange,
+        selection: list[int] | None = None,
+        extra: dict[str, list[Any]] | None = None,
+    ) -> None:
         a, b = piece.start, piece.stop
         first, last = int(index.member_start[a]), int(index.member_start[b])
         self._data = data
@@ -56,14 +68,19 @@ class Chunk:
         ends = (index.key_end[a:b] - np.uint64(key_start)).tolist()
         self._keys = [blob[s:e].decode() for s, e in zip([0, *ends[:-1]], ends, strict=True)]
         self.padded = piece.padded
-        self.sizes = np.diff(index.sample_offset[a : b + 1]).tolist()
+        self._selection = selection  # samples of the chunk in yield order (reweighting), or all
+        self.extra = extra or {}  # per yielded sample: more fields, e.g. "__weight__"
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._keys) if self._selection is None else len(self._selection)
 
     def sample(self, j: int) -> dict[str, Any]:
         """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``."""
-        out: dict[str, Any] = {"__key__": self._keys[j], "__padded__": self.padded}
+        out: dict[str, Any] = {field: values[j] for field, values in self.extra.items()}
+        if self._selection is not None:
+            j = self._selection[j]
+        out["__key__"] = self._keys[j]
+        out["__padded__"] = self.padded
         data, exts, offset, size, ext = (
             self._data,
             self._exts,
@@ -80,8 +97,16 @@ class Chunk:
 class ShardReader:
     """Reads sample ranges of one output's shards; one per worker process, made lazily."""
 
-    def __init__(self, source: Source, manifest: Manifest, verify: bool = False) -> None:
+    def __init__(
+        self,
+        source: Source,
+        manifest: Manifest,
+        verify: bool = False,
+        expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
+    ) -> None:
         self._source = source
+        self._expand = expand
+        self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
         self._verify = verify
         self._verified: set[int] = set()
@@ -125,12 +150,41 @@ class ShardReader:
             self._indexes.popitem(last=False)
         return index
 
+    def _expanded_ids(self, shard: int) -> tuple[IntArray, list[float] | None]:
+        """Raw sample ids (and weights) of the shard's reweighted sequence; cached per shard."""
+        if self._expand is None:
+            raise RuntimeError("no reweighting configured")
+        if shard not in self._expanded:
+            if len(self._expanded) >= INDEX_CACHE:
+                self._expanded.pop(next(iter(self._expanded)))
+            self._expanded[shard] = self._expand(shard, self.index(shard))
+        return self._expanded[shard]
+
     def sample_sizes(self, piece: SampleRange) -> list[int]:
         """Bytes each sample of ``piece`` occupies in the tar (for byte-bounded buffers)."""
         offsets = self.index(piece.shard).sample_offset
-        return np.diff(offsets[piece.start : piece.stop + 1]).tolist()
+        if self._expand is None:
+            return np.diff(offsets[piece.start : piece.stop + 1]).tolist()
+        ids = self._expanded_ids(piece.shard)[0][piece.start : piece.stop]
+        return (offsets[ids + 1] - offsets[ids]).tolist()
 
     def read(self, piece: SampleRange) -> Chunk:
+        """The samples of ``piece`` (positions of the reweighted sequence when reweighting)."""
+        if self._expand is None:
+            return self._read_raw(piece)
+        ids, weights = self._expanded_ids(piece.shard)
+        selected = ids[piece.start : piece.stop]
+        first = int(selected[0])
+        raw = SampleRange(piece.shard, first, int(selected[-1]) + 1, piece.padded)
+        extra = None if weights is None else {"__weight__": weights[piece.start : piece.stop]}
+        return self._read_raw(raw, (selected - first).tolist(), extra)
+
+    def _read_raw(
+        self,
+        piece: SampleRange,
+        selection: list[int] | None = None,
+        extra: dict[str, list[Any]] | None = None,
+    ) -> Chunk:
         """The samples of ``piece``.
 
         Raises:
@@ -145,7 +199,7 @@ class ShardReader:
         begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
         if self._zstd is None:
             data = self._pread(piece, index, begin, end - begin)
-            return Chunk(data, begin, index, piece)
+            return Chunk(data, begin, index, piece, selection, extra)
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0 = int(np.searchsorted(frames, piece.start, side="right")) - 1
         f1 = int(np.searchsorted(frames, piece.stop, side="left"))
@@ -159,7 +213,7 @@ class ShardReader:
                 parts.append(self._zstd.decompress(compressed[a:b]))
             except self._zstd_error as err:
                 raise self._corrupt(piece, index, int(frames[f]), f"zstd frame {f}: {err}") from err
-        return Chunk(b"".join(parts), base, index, piece)
+        return Chunk(b"".join(parts), base, index, piece, selection, extra)
 
     def _pread(self, piece: SampleRange, index: ShardIndex, offset: int, size: int) -> bytes:
         name = self._manifest.shards[piece.shard].file

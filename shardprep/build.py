@@ -87,8 +87,8 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     # → Plan: per shard, the selected samples' positions in write order
     labels = inventory.label[selection.source]
     sizes = inventory.sample_bytes()[selection.source]
-    plan = plan_shards(labels, sizes, config.shards, config.seed)
-    fingerprint = _fingerprint(inventory, config)
+    plan = plan_shards(labels, sizes, config.shards, config.seed, groups=selection.source)
+    fingerprint = _fingerprint(inventory, config, selection)
     _prepare_out(out, config)
     journal = _journal(out, config, fingerprint)
     # → ShardRecords in shard order, then the manifest (its presence means "complete")
@@ -141,10 +141,11 @@ def _scan(raw: str, config: BuildConfig) -> Inventory:
         )
 
 
-def _fingerprint(inventory: Inventory, config: BuildConfig) -> str:
-    """sha256 of everything that determines the output: names, sizes, labels, options."""
+def _fingerprint(inventory: Inventory, config: BuildConfig, selection: Selection) -> str:
+    """sha256 of everything that determines the output: names, sizes, labels, options, weights."""
     digest = hashlib.sha256()
     digest.update(json.dumps(config.output_options(), sort_keys=True).encode())
+    digest.update(json.dumps(selection.section, sort_keys=True).encode())
     digest.update(json.dumps(inventory.class_names).encode())
     for array in (inventory.stem_end, inventory.label, inventory.part_size, inventory.part_ext):
         digest.update(np.ascontiguousarray(array).tobytes())

@@ -41,8 +41,10 @@ def write_example(
     marker = os.path.join(raw, MARKER)
     stamp = f"{num_samples} {num_classes} {seed}\n"
     if os.path.exists(raw) and os.listdir(raw):
-        if os.path.exists(marker) and open(marker).read() == stamp:  # noqa: SIM115
-            return counts  # the same example is already there
+        if os.path.exists(marker):
+            with open(marker) as f:
+                if f.read() == stamp:
+                    return counts  # the same example is already there
         raise InputError(f"{raw}: not empty; choose a new folder for the example", raw)
     rng = derive_rng(seed, "example")
     index = 0

@@ -42,6 +42,8 @@ class SampleRef:
     parts: tuple[PartRef, ...]
     meta: bytes | None  # extra ``.json`` member content (listing columns), if any
     copy: int = 0  # 0 for an original sample, k for its k-th resampled copy
+    multiplicity: int = 1  # copies of this sample's source in the output
+    weight: bytes | None = None  # ``.weight`` member content (--weights-only), if any
 
 
 @dataclass(frozen=True)

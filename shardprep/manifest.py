@@ -80,7 +80,9 @@ class Manifest:
             if self.class_names is None
             else [
                 {"index": i, "name": name, "count": count}
-                for i, (name, count) in enumerate(zip(self.class_names, self.class_counts, strict=True))
+                for i, (name, count) in enumerate(
+                    zip(self.class_names, self.class_counts, strict=True)
+                )
             ],
             "totals": {
                 "num_shards": len(self.shards),

@@ -5,18 +5,23 @@ Guarantees, for any labels, sizes and ``1 <= num_shards <= num_samples``:
 * every sample is in exactly one shard;
 * shard sample counts differ by at most 1;
 * for every class, each shard holds ``floor(n_c / N)`` or ``ceil(n_c / N)`` of it;
-* shard byte totals are as even as those two constraints allow (greedy, see below);
+* shard byte totals are even: within one sample's size per class (see below);
+* copies of one source sample (``groups``) go to different shards while there
+  are at most N of them, and are never adjacent inside a shard;
 * the order inside a shard is a seeded shuffle, not grouped by class;
-* the result depends only on (labels, sizes, num_shards, seed).
+* the result depends only on (labels, sizes, groups, num_shards, seed).
 
 How, on an example: N = 3 shards, class A has 7 samples of sizes
-9 8 7 6 5 4 3 (sorted largest first, ties broken randomly). The first 6 go out
-in "snake" rounds over the shards ordered lightest first, say (s0, s1, s2):
-round 0 gives 9 8 7 to s0 s1 s2, round 1 gives 6 5 4 to s2 s1 s0, so each shard
-gets 15, 13, 13 bytes and 2 samples. The remainder (3) goes to the shard with
-the fewest samples so far, ties broken by fewest bytes: s1. Full rounds keep
-every class within ±1 per shard; giving each remainder to the least-filled
-shards keeps the totals within ±1.
+9 8 7 6 5 4 3 (sorted largest first, ties broken randomly). The first 6 are
+dealt in rounds over the shards ordered lightest first, say (s0, s1, s2):
+9 8 7 then 6 5 4, so s0 gets 15, s1 13, s2 11 bytes and 2 samples each; since
+sizes fall, the lightest shard's head start is at most the largest size minus
+the smallest. The remainder (3) goes to the shard with the fewest samples so
+far, ties broken by fewest bytes: s2. Full rounds keep every class within ±1
+per shard; giving each remainder to the least-filled shards keeps the totals
+within ±1. Dealing in plain rounds (not back and forth) means any N
+consecutive samples of the sorted order, such as the copies of one source,
+land on N different shards.
 """
 
 from __future__ import annotations
@@ -33,12 +38,17 @@ IntArray = npt.NDArray[np.int64]
 
 
 def plan_shards(
-    labels: npt.NDArray[np.integer], sizes: npt.NDArray[np.integer], num_shards: int, seed: int
+    labels: npt.NDArray[np.integer],
+    sizes: npt.NDArray[np.integer],
+    num_shards: int,
+    seed: int,
+    groups: npt.NDArray[np.integer] | None = None,
 ) -> list[IntArray]:
     """Assign samples to ``num_shards`` shards; returns each shard's sample indices in write order.
 
     ``labels[i]`` is the class of sample i (all -1 for unlabelled data, which is
-    then one group); ``sizes[i]`` its size in bytes.
+    then one group); ``sizes[i]`` its size in bytes; ``groups[i]`` the source
+    sample it copies (default: every sample is its own source).
 
     Raises:
         PlanError: ``num_shards`` is not between 1 and the number of samples.
@@ -52,9 +62,10 @@ def plan_shards(
     rng = derive_rng(seed, "plan")
     labels = np.asarray(labels, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
-    tiebreak = rng.random(n)
-    # Largest first within each class; random among equal sizes.
-    order = np.lexsort((tiebreak, -sizes, labels))
+    groups = np.arange(n) if groups is None else np.asarray(groups, dtype=np.int64)
+    tiebreak = rng.random(int(groups.max()) + 1)[groups]
+    # Largest first within each class; random among equal sizes; copies of a source together.
+    order = np.lexsort((np.arange(n), tiebreak, -sizes, labels))
     class_bounds = np.flatnonzero(np.diff(labels[order])) + 1
     shard_of = np.empty(n, dtype=np.int64)
     counts = np.zeros(num_shards, dtype=np.int64)
@@ -63,7 +74,7 @@ def plan_shards(
         _deal_class(members, sizes, shard_of, counts, filled)
     by_shard = np.argsort(shard_of, kind="stable")
     bounds = np.cumsum(counts)[:-1]
-    return [rng.permutation(part) for part in np.split(by_shard, bounds)]
+    return [_shuffle_apart(part, groups, rng) for part in np.split(by_shard, bounds)]
 
 
 def _deal_class(
@@ -75,10 +86,7 @@ def _deal_class(
     full = members[: rounds * num_shards]
     if rounds:
         lightest_first = np.argsort(filled, kind="stable")
-        position = np.arange(len(full)) % num_shards
-        backwards = (np.arange(len(full)) // num_shards) % 2 == 1
-        position[backwards] = num_shards - 1 - position[backwards]
-        targets = lightest_first[position]
+        targets = lightest_first[np.arange(len(full)) % num_shards]
         shard_of[full] = targets
         counts += rounds
         filled += np.bincount(targets, weights=sizes[full], minlength=num_shards).astype(np.int64)
@@ -90,3 +98,31 @@ def _deal_class(
         shard_of[rest] = targets
         counts[targets] += 1
         filled[targets] += sizes[rest]
+
+
+def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -> IntArray:
+    """A seeded shuffle of one shard's samples in which no two copies of a source are adjacent.
+
+    After the shuffle, each sample that follows a copy of its own source is
+    swapped with the first later sample that fits between different
+    neighbours (deterministic, so the plan stays a pure function).
+    """
+    shuffled = rng.permutation(part)
+    source = groups[shuffled]
+    if len(np.unique(source)) == len(source):
+        return shuffled
+    for i in range(1, len(shuffled)):
+        if source[i] != source[i - 1]:
+            continue
+        for j in range(i + 1, len(shuffled)):
+            fits_here = source[j] != source[i - 1] and (
+                i + 1 >= len(source) or source[j] != source[i + 1]
+            )
+            fits_there = source[i] != source[j - 1] and (
+                j + 1 >= len(source) or source[i] != source[j + 1]
+            )
+            if fits_here and fits_there:
+                shuffled[[i, j]] = shuffled[[j, i]]
+                source[[i, j]] = source[[j, i]]
+                break
+    return shuffled

@@ -136,6 +136,7 @@ _ARRAY_DTYPES: dict[str, str] = {
     "member_size": "<u8",  # m: data size in bytes
     "label": "<i4",  # n: class index, -1 when unlabelled
     "copy": "<u4",  # n: 0 for an original sample, k for its k-th resampled copy
+    "multiplicity": "<u4",  # n: copies of this sample's source in the whole output (0 never)
     "key_end": "<u8",  # n: end of each key in key_blob (utf-8)
     "source_end": "<u8",  # n: end of each source path in source_blob (utf-8)
     "frame_sample": "<u8",  # F+1: first sample of each zstd frame; [F] = n (empty for .tar)
@@ -157,6 +158,7 @@ class ShardIndex:
     member_size: npt.NDArray[np.uint64]
     label: npt.NDArray[np.int32]
     copy: npt.NDArray[np.uint32]
+    multiplicity: npt.NDArray[np.uint32]
     key_end: npt.NDArray[np.uint64]
     source_end: npt.NDArray[np.uint64]
     frame_sample: npt.NDArray[np.uint64]

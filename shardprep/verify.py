@@ -78,11 +78,15 @@ def _verify_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Iterator[s
         if tuple(counts.tolist()) != entry.class_counts:
             yield "class histogram of the index does not match the manifest"
     compressed = manifest.compression == "zstd"
+    unreadable: tuple[type[Exception], ...] = (tarfile.TarError, OSError, EOFError)
     if compressed:
+        import zstandard
+
+        unreadable += (zstandard.ZstdError,)  # a corrupt frame fails the stream, too
         yield from _verify_frames(path, index)
     try:
         yield from _verify_members(path, index, compressed)
-    except (tarfile.TarError, OSError, EOFError) as err:
+    except unreadable as err:
         yield f"cannot read the tar stream ({err})"
 
 
@@ -107,6 +111,7 @@ def _verify_members(path: str, index: ShardIndex, compressed: bool) -> Iterator[
         for m in range(int(index.member_start[i]), int(index.member_start[i + 1]))
     ]
     with _open_stream(path, compressed) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        position = -1  # a stream that ends at once (zeroed first block) has no members
         for position, member in enumerate(tar):
             if position >= len(expected):
                 yield f"unexpected extra member {member.name!r}"

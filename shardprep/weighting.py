@@ -1,12 +1,28 @@
 """Weighting: choose which samples (and how many copies of each) the shards will hold. Pure.
 
-Without ``--class-weights`` every sample is selected once. With it, samples
-are resampled to the target class proportions (or only annotated with a
-weight, ``--weights-only``); see docs/class-weights.md.
+Without ``--class-weights`` every sample is selected once. With it:
+
+* **resample** (default): class counts follow the target weights. A class
+  above its target is undersampled (a seeded choice without replacement); a
+  class below it is oversampled: every sample gets ``floor(t/n)`` copies and a
+  seeded choice of ``t mod n`` samples one more. The total defaults to the
+  input's sample count (``--num-samples`` to choose).
+* **keep-all**: as resample, but the total is the smallest one at which no
+  class must drop a sample, so every original is kept.
+* **weights-only**: every sample once, each carrying ``weight = p_c / q_c``
+  (target share over actual share of its class; mean weight 1) for a weighted
+  loss.
+
+Copy 0 of a sample keeps its key; copy k > 0 is ``<key>-r<k>`` and the index
+records its copy number. Which samples are copied or dropped depends only on
+the seed. The spec syntax is parsed here too (``parse_class_weights``).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,18 +30,24 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.config import BuildConfig
+from shardprep.errors import PlanError
 from shardprep.inventory import Inventory, SampleRef
+from shardprep.rng import derive_rng
 
-__all__ = ["Selection", "select_samples"]
+__all__ = ["Selection", "apportion", "class_targets", "parse_class_weights", "select_samples"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
 class Selection:
     """The samples to write: ``source[i]`` is an inventory index, ``copy[i]`` its copy number."""
 
-    source: npt.NDArray[np.int64]
-    copy: npt.NDArray[np.int64]
-    weight: npt.NDArray[np.float64] | None = None  # per written sample, for --weights-only
+    source: IntArray
+    copy: IntArray
+    multiplicity: IntArray | None = None  # per written sample: copies of its source (None: all 1)
+    weight: FloatArray | None = None  # per inventory sample, for --weights-only
     section: dict[str, Any] | None = None  # what the manifest records about the weighting
 
     def __len__(self) -> int:
@@ -33,18 +55,196 @@ class Selection:
 
     def sample(self, inventory: Inventory, i: int) -> SampleRef:
         """The SampleRef of written sample ``i`` (a copy gets its own key: ``<key>-r<copy>``)."""
-        ref = inventory.sample(int(self.source[i]))
+        source = int(self.source[i])
+        ref = inventory.sample(source)
         copy = int(self.copy[i])
         if copy:
             ref = replace(ref, key=f"{ref.key}-r{copy}", copy=copy)
+        if self.multiplicity is not None:
+            ref = replace(ref, multiplicity=int(self.multiplicity[i]))
+        if self.weight is not None:
+            ref = replace(ref, weight=f"{self.weight[source]:.6g}".encode())
         return ref
 
     def manifest_section(self, inventory: Inventory) -> dict[str, Any]:
         """Extra manifest fields (empty when nothing was reweighted)."""
-        return dict(self.section or {})
+        return {"class_weighting": self.section} if self.section else {}
+
+
+def parse_class_weights(
+    spec: str, class_names: tuple[str, ...], counts: list[int], allow_zero: bool = False
+) -> FloatArray:
+    """Target weight per class from ``balanced``, ``sqrt``, a JSON file, or ``cat=2,dog=1``.
+
+    Raises:
+        PlanError: unknown class, negative or all-zero weights, a file that is
+            not a JSON mapping, or (inline) unnamed classes without ``allow_zero``.
+    """
+    present = np.array(counts, dtype=np.float64) > 0
+    if spec == "balanced":
+        weights = present.astype(np.float64)
+    elif spec == "sqrt":
+        weights = np.sqrt(np.array(counts, dtype=np.float64))
+    else:
+        mapping = _read_mapping(spec)
+        unknown = sorted(set(mapping) - set(class_names))
+        if unknown:
+            raise PlanError(
+                f"--class-weights names unknown class(es) {', '.join(map(repr, unknown))}; "
+                f"the classes are: {', '.join(class_names)}"
+            )
+        missing = [c for c in class_names if c not in mapping]
+        if missing and not allow_zero:
+            raise PlanError(
+                f"--class-weights gives no weight to {', '.join(map(repr, missing))}; name every "
+                "class, or pass --allow-zero-weights to give the others weight 0"
+            )
+        weights = np.array([mapping.get(c, 0.0) for c in class_names], dtype=np.float64)
+    if (weights < 0).any() or not np.isfinite(weights).all():
+        raise PlanError("--class-weights must be finite and non-negative")
+    if weights.sum() <= 0:
+        raise PlanError("--class-weights are all zero; give at least one class a positive weight")
+    empty = [class_names[c] for c in np.flatnonzero((weights > 0) & ~present)]
+    if empty:
+        raise PlanError(f"class(es) {', '.join(map(repr, empty))} have no samples to resample from")
+    return weights / weights.sum()
+
+
+def _read_mapping(spec: str) -> dict[str, float]:
+    if spec.endswith(".json") or os.path.isfile(spec):
+        try:
+            with open(spec, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise PlanError(f"--class-weights {spec}: cannot read a JSON file ({err})") from err
+        if not isinstance(data, dict):
+            raise PlanError(
+                f"--class-weights {spec}: must be a JSON object of class name to weight"
+            )
+        items = data.items()
+    else:
+        items = []
+        for part in spec.split(","):
+            name, eq, value = part.partition("=")
+            if not eq or not name.strip():
+                raise PlanError(
+                    f"--class-weights {spec!r}: expected 'balanced', 'sqrt', a .json file, "
+                    "or name=weight pairs such as 'cat=2,dog=1'"
+                )
+            items.append((name.strip(), value.strip()))
+    result = {}
+    for name, value in items:
+        try:
+            result[str(name)] = float(value)
+        except (TypeError, ValueError) as err:
+            raise PlanError(
+                f"--class-weights: weight of {name!r} is not a number: {value!r}"
+            ) from err
+    return result
+
+
+def apportion(total: int, shares: FloatArray) -> IntArray:
+    """Integers summing to ``total``, proportional to ``shares`` (largest remainders, ties by index)."""
+    exact = np.asarray(shares, dtype=np.float64) * total
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    if short:
+        order = np.lexsort((np.arange(len(exact)), -(exact - counts)))
+        counts[order[:short]] += 1
+    return counts
+
+
+def class_targets(
+    counts: list[int], weights: FloatArray, total: int | None, keep_all: bool
+) -> IntArray:
+    """Samples per class after resampling.
+
+    Raises:
+        PlanError: ``keep_all`` with a zero weight on a non-empty class, or a
+            ``total`` too small to keep every sample.
+    """
+    n = np.array(counts, dtype=np.int64)
+    if not keep_all:
+        return apportion(total if total is not None else int(n.sum()), weights)
+    if ((weights == 0) & (n > 0)).any():
+        raise PlanError("--keep-all cannot give a class weight 0: its samples would be dropped")
+    needed = max(math.ceil(c / w) for c, w in zip(n, weights, strict=True) if w > 0)
+    while (apportion(needed, weights) < n).any():
+        needed += 1
+    if total is not None and total < needed:
+        raise PlanError(f"--keep-all needs --num-samples of at least {needed} for these weights")
+    return apportion(total if total is not None else needed, weights)
 
 
 def select_samples(inventory: Inventory, config: BuildConfig) -> Selection:
-    """Every sample once, or a class-weighted resampling when ``config.class_weights`` is set."""
+    """Every sample once, or the class-weighted selection that ``config`` asks for.
+
+    Raises:
+        PlanError: a bad ``--class-weights`` spec, or weighting unlabelled data.
+    """
     n = len(inventory)
-    return Selection(np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+    if config.class_weights is None:
+        return Selection(np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+    if inventory.class_names is None:
+        raise PlanError("--class-weights needs labelled data, but this input has no labels")
+    counts = inventory.class_counts()
+    weights = parse_class_weights(
+        config.class_weights, inventory.class_names, counts, config.allow_zero_weights
+    )
+    section: dict[str, Any] = {
+        "spec": config.class_weights,
+        "target_weights": [round(float(w), 9) for w in weights],
+        "original_counts": counts,
+    }
+    if config.weights_only:
+        actual = np.array(counts, dtype=np.float64) / n
+        per_class = np.divide(weights, actual, out=np.zeros_like(weights), where=actual > 0)
+        section.update(
+            mode="weights-only",
+            class_sample_weights=[float(f"{w:.6g}") for w in per_class],
+            realized_counts=counts,
+        )
+        return Selection(
+            np.arange(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            weight=per_class[inventory.label],
+            section=section,
+        )
+    targets = class_targets(counts, weights, config.num_samples, config.keep_all)
+    rng = derive_rng(config.seed, "weights")
+    sources, copies, multiplicities = [], [], []
+    for c, target in enumerate(targets.tolist()):
+        members = np.flatnonzero(inventory.label == c)
+        multiplicity = _multiplicities(len(members), target, rng)
+        sources.append(np.repeat(members, multiplicity))
+        copies.append(_copy_numbers(multiplicity))
+        multiplicities.append(np.repeat(multiplicity, multiplicity))
+    section.update(
+        mode="keep-all" if config.keep_all else "resample",
+        realized_counts=[int(t) for t in targets],
+    )
+    source = np.concatenate(sources)
+    section["dropped_samples"] = n - len(np.unique(source))
+    return Selection(
+        source,
+        np.concatenate(copies),
+        multiplicity=np.concatenate(multiplicities),
+        section=section,
+    )
+
+
+def _multiplicities(n: int, target: int, rng: np.random.Generator) -> IntArray:
+    """Copies of each of ``n`` samples so that they add up to ``target`` (as even as possible)."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    base, extra = divmod(target, n)
+    multiplicity = np.full(n, base, dtype=np.int64)
+    multiplicity[rng.choice(n, size=extra, replace=False)] += 1
+    return multiplicity
+
+
+def _copy_numbers(multiplicity: IntArray) -> IntArray:
+    """0, 1, ..., m-1 for each sample with multiplicity m, concatenated."""
+    total = int(multiplicity.sum())
+    starts = np.repeat(np.cumsum(multiplicity) - multiplicity, multiplicity)
+    return np.arange(total, dtype=np.int64) - starts

@@ -35,6 +35,7 @@ FRAME_BYTES = 256 << 10
 """Uncompressed bytes per zstd frame (rounded up to whole samples); also the write chunk."""
 
 LABEL_EXT = "cls"
+WEIGHT_EXT = "weight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class _ShardBuffer:
         self.member_size = array("Q")
         self.label = array("i")
         self.copy = array("I")
+        self.multiplicity = array("I")
         self.keys = bytearray()
         self.key_end = array("Q")
         self.sources = bytearray()
@@ -110,6 +112,7 @@ class _ShardBuffer:
         self.member_start.append(len(self.member_size))
         self.label.append(sample.label)
         self.copy.append(sample.copy)
+        self.multiplicity.append(sample.multiplicity)
         self.keys += key
         self.key_end.append(len(self.keys))
         self.sources += sample.source.encode("utf-8", "surrogateescape")
@@ -155,6 +158,7 @@ class _ShardBuffer:
             "member_size": self.member_size,
             "label": self.label,
             "copy": self.copy,
+            "multiplicity": self.multiplicity,
             "key_end": self.key_end,
             "source_end": self.source_end,
             "frame_sample": self.frame_sample,
@@ -275,7 +279,7 @@ def write_shard(
 
 
 def _read_members(sample: SampleRef, reader: _PartReader) -> list[tuple[str, bytes]]:
-    """The sample's members in write order: data parts, then .json metadata, then .cls."""
+    """The sample's members in write order: data parts, .json metadata, .cls, .weight."""
     members = []
     for part in sample.parts:
         try:
@@ -289,6 +293,8 @@ def _read_members(sample: SampleRef, reader: _PartReader) -> list[tuple[str, byt
         members.append(("meta.json" if "json" in exts else "json", sample.meta))
     if sample.label >= 0:
         members.append((LABEL_EXT, b"%d" % sample.label))
+    if sample.weight is not None:
+        members.append((WEIGHT_EXT, sample.weight))
     return members
 
 

@@ -20,6 +20,7 @@ from shardprep.scan.keyed_files import looks_keyed, scan_keyed_files
 from shardprep.scan.listing import scan_listing
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
+from shardprep.shardformat import MANIFEST_NAME
 
 __all__ = ["InputFormat", "detect_format", "scan"]
 
@@ -55,7 +56,9 @@ def detect_format(raw: str) -> InputFormat:
     if not entries:
         raise InputError(f"{raw}: the folder is empty; point RAW at the dataset", raw)
     files = [e for e in entries if not e.is_dir()]
-    if files and all(e.name.endswith(".tar") for e in files):
+    # A shardprep output also holds .idx sidecars and manifest.json next to its .tar shards.
+    shards = [e for e in files if not (e.name.endswith(".idx") or e.name == MANIFEST_NAME)]
+    if shards and all(e.name.endswith(".tar") for e in shards):
         return InputFormat.TAR
     if files:
         return InputFormat.KEYED
