@@ -27,7 +27,8 @@ from shardprep.shardformat import ShardIndex, decode_index
 __all__ = ["Chunk", "ShardReader"]
 
 IntArray = npt.NDArray[np.int64]
-INDEX_CACHE = 4  # indexes kept per worker (a few hundred bytes per sample each)
+INDEX_CACHE = 4  # reweighting draws kept per worker
+INDEX_CACHE_BYTES = 32 << 20  # shard indexes kept per worker (about 100 bytes per sample)
 
 
 class Chunk:
@@ -110,7 +111,9 @@ class ShardReader:
         self._manifest = manifest
         self._verify = verify
         self._verified: set[int] = set()
-        self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
+        self._indexes: OrderedDict[int, tuple[ShardIndex, int]] = OrderedDict()
+        self._index_bytes = 0
+        self._index_checked: set[int] = set()
         self._open_shard = -1
         self._file: BinaryIO | None = None
         self._zstd: Any = None
@@ -122,7 +125,10 @@ class ShardReader:
             self._zstd_error = zstandard.ZstdError
 
     def index(self, shard: int) -> ShardIndex:
-        """The sidecar index of ``shard`` (cached; its sha256 is checked against the manifest).
+        """The sidecar index of ``shard``.
+
+        Indexes are cached up to INDEX_CACHE_BYTES (least recently used out);
+        each one's sha256 is checked against the manifest the first time.
 
         Raises:
             ManifestError: the index is missing, corrupt or not the one the manifest lists.
@@ -130,7 +136,7 @@ class ShardReader:
         cached = self._indexes.get(shard)
         if cached is not None:
             self._indexes.move_to_end(shard)
-            return cached
+            return cached[0]
         entry = self._manifest.shards[shard]
         try:
             data = self._source.read_bytes(entry.index_file)
@@ -138,16 +144,18 @@ class ShardReader:
             raise ManifestError(
                 f"{self._source.path(entry.index_file)}: cannot read ({err})"
             ) from err
-        if hashlib.sha256(data).hexdigest() != entry.index_sha256:
-            raise ChecksumMismatchError.for_file(
-                self._source.path(entry.index_file),
-                entry.index_sha256,
-                hashlib.sha256(data).hexdigest(),
-            )
+        if shard not in self._index_checked:
+            actual = hashlib.sha256(data).hexdigest()
+            if actual != entry.index_sha256:
+                raise ChecksumMismatchError.for_file(
+                    self._source.path(entry.index_file), entry.index_sha256, actual
+                )
+            self._index_checked.add(shard)
         index = decode_index(data, self._source.path(entry.index_file))
-        self._indexes[shard] = index
-        while len(self._indexes) > INDEX_CACHE:
-            self._indexes.popitem(last=False)
+        self._indexes[shard] = (index, len(data))
+        self._index_bytes += len(data)
+        while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:
+            self._index_bytes -= self._indexes.popitem(last=False)[1][1]
         return index
 
     def _expanded_ids(self, shard: int) -> tuple[IntArray, list[float] | None]:
