@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 data or I/O error (``ShardprepError``); 2 usage
 error (bad option values, impossible requests such as more shards than
-samples). Expected errors print one message, never a traceback.
+samples); 130 interrupted. Expected errors print one message, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def _run(action: Callable[[], Any]) -> Any:
         raise click.UsageError(str(err)) from err
     except ShardprepError as err:
         raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        click.echo("interrupted; finished shards are kept: rerun with --resume", err=True)
+        sys.exit(130)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
