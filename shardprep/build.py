@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardprep.config import BuildConfig
+from shardprep.config import BuildConfig, default_workers
 from shardprep.errors import InputError
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.manifest import Manifest, manifest_from_records, write_manifest
@@ -138,6 +138,7 @@ def _scan(raw: str, config: BuildConfig) -> Inventory:
             tick=bar.update,
             path_column=config.path_column,
             label_column=config.label_column,
+            workers=config.workers or default_workers(),
         )
 
 
@@ -196,7 +197,7 @@ class _WriteContext:
     zstd_level: int
 
     def samples(self, shard: int) -> list[SampleRef]:
-        return [self.selection.sample(self.inventory, int(i)) for i in self.plan[shard]]
+        return self.selection.samples(self.inventory, self.plan[shard])
 
     def write(self, shard: int, progress: Any = None) -> ShardRecord:
         num_classes = len(self.inventory.class_names or ())

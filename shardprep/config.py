@@ -69,6 +69,8 @@ class BuildConfig:
             raise PlanError("--num-samples, --keep-all and --weights-only need --class-weights")
         if self.keep_all and self.weights_only:
             raise PlanError("--keep-all and --weights-only exclude each other")
+        if self.num_samples is not None and self.weights_only:
+            raise PlanError("--num-samples and --weights-only exclude each other")
 
     def output_options(self) -> dict[str, Any]:
         """The options recorded in the manifest: exactly those that affect the output bytes."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +23,7 @@ __all__ = ["Inventory", "InventoryBuilder", "PartRef", "SampleRef"]
 UNLABELLED = -1
 
 
-@dataclass(frozen=True, slots=True)
-class PartRef:
+class PartRef(NamedTuple):
     """One file (or tar member) of a sample: its extension and where its bytes are."""
 
     ext: str
@@ -32,9 +32,12 @@ class PartRef:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class SampleRef:
-    """Everything the writer needs to copy one sample into a shard."""
+class SampleRef(NamedTuple):
+    """Everything the writer needs to copy one sample into a shard.
+
+    A NamedTuple rather than a frozen dataclass: one is made per written
+    sample, and tuple construction is several times cheaper.
+    """
 
     key: str
     label: int  # class index, or -1 when the dataset is unlabelled
@@ -97,35 +100,75 @@ class Inventory:
         return per_sample
 
     def sample(self, i: int) -> SampleRef:
-        """The full reference of sample ``i`` (allocates; used one shard at a time)."""
-        stem = self.stem(i)
-        container = self.containers[int(self.container[i])]
-        parts = []
-        for j in range(int(self.part_start[i]), int(self.part_start[i + 1])):
-            ext = self.exts[int(self.part_ext[j])]
-            offset = int(self.part_offset[j])
-            if offset < 0:
-                path = f"{self.root}/{stem}.{ext}" if ext else f"{self.root}/{stem}"
+        """The full reference of sample ``i``."""
+        return self.samples(np.array([i]))[0]
+
+    def samples(self, indices: npt.NDArray[np.integer]) -> list[SampleRef]:
+        """Full references of the samples at ``indices`` (allocates: used one shard at a time).
+
+        Columns are gathered with numpy first, so the per-sample Python work is
+        string building only.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        stem_ends = self.stem_end[idx].tolist()
+        stem_starts = np.where(idx > 0, self.stem_end[idx - 1], 0).tolist()
+        first, last = self.part_start[idx], self.part_start[idx + 1]
+        lengths = (last - first).astype(np.int64)
+        parts_at = np.repeat(first.astype(np.int64) - np.cumsum(lengths) + lengths, lengths)
+        parts_at += np.arange(int(lengths.sum()))
+        part_ext = self.part_ext[parts_at].tolist()
+        part_size = self.part_size[parts_at].tolist()
+        part_offset = self.part_offset[parts_at].tolist()
+        labels = self.label[idx].tolist()
+        containers = self.container[idx].tolist()
+        meta_ends = self.meta_end[idx].tolist() if self.meta_end is not None else None
+        meta_starts = (
+            np.where(idx > 0, self.meta_end[idx - 1], 0).tolist()
+            if self.meta_end is not None
+            else None
+        )
+        blob, exts, prefix = self.stem_blob, self.exts, self.root + "/"
+        refs, j = [], 0
+        for k, count in enumerate(lengths.tolist()):
+            stem = blob[stem_starts[k] : stem_ends[k]].decode("utf-8", "surrogateescape")
+            container = self.containers[containers[k]]
+            parts = []
+            for _ in range(count):
+                ext, offset = exts[part_ext[j]], part_offset[j]
+                if offset >= 0:
+                    path = container
+                else:
+                    path = f"{prefix}{stem}.{ext}" if ext else prefix + stem
+                parts.append(PartRef(ext, path, offset, part_size[j]))
+                j += 1
+            if container:
+                source = f"{container[len(prefix) :]}:{stem}"
+            elif count == 1:
+                source = parts[0].path[len(prefix) :]
             else:
-                path = container
-            parts.append(PartRef(ext, path, offset, int(self.part_size[j])))
-        if container:
-            source = f"{container[len(self.root) + 1 :]}:{stem}"
-        elif len(parts) == 1:
-            source = parts[0].path[len(self.root) + 1 :]
-        else:
-            source = stem
-        meta = None
-        if self.meta_end is not None:
-            start = int(self.meta_end[i - 1]) if i else 0
-            meta = self.meta_blob[start : int(self.meta_end[i])]
-        return SampleRef(key_from_stem(stem), int(self.label[i]), source, tuple(parts), meta)
+                source = stem
+            meta = blob_slice(self.meta_blob, meta_starts, meta_ends, k)
+            refs.append(SampleRef(key_from_stem(stem), labels[k], source, tuple(parts), meta))
+        return refs
 
     def class_counts(self) -> list[int]:
         """Number of samples per class index (empty list when unlabelled)."""
         if self.class_names is None:
             return []
         return np.bincount(self.label, minlength=len(self.class_names)).tolist()
+
+
+def blob_slice(
+    blob: bytes, starts: list[int] | None, ends: list[int] | None, k: int
+) -> bytes | None:
+    """Entry ``k`` of a blob column, or None when the column is absent."""
+    if starts is None or ends is None:
+        return None
+    return blob[starts[k] : ends[k]]
+
+
+def _shifted(values: array[int], by: int, dtype: type[np.unsignedinteger]) -> bytes:
+    return (np.frombuffer(values, dtype=dtype) + dtype(by)).tobytes()
 
 
 class InventoryBuilder:
@@ -170,6 +213,25 @@ class InventoryBuilder:
         if self._meta is not None:
             self._meta += meta or b""
             self._meta_end.append(len(self._meta))
+
+    def extend(self, other: InventoryBuilder) -> None:
+        """Append every sample of ``other`` (scanned separately, e.g. in another process)."""
+        self._stem_end.frombytes(_shifted(other._stem_end, len(self._stems), np.uint64))
+        self._stems += other._stems
+        self._label.extend(other._label)
+        containers = np.array(
+            [self._containers.setdefault(c, len(self._containers)) for c in other._containers],
+            dtype=np.uint32,
+        )
+        self._container.frombytes(containers[np.frombuffer(other._container, np.uint32)].tobytes())
+        exts = np.array([self._exts.setdefault(e, len(self._exts)) for e in other._exts], np.uint16)
+        self._part_ext.frombytes(exts[np.frombuffer(other._part_ext, np.uint16)].tobytes())
+        self._part_start.frombytes(_shifted(other._part_start[1:], len(self._part_size), np.uint64))
+        self._part_size.extend(other._part_size)
+        self._part_offset.extend(other._part_offset)
+        if self._meta is not None and other._meta is not None:
+            self._meta_end.frombytes(_shifted(other._meta_end, len(self._meta), np.uint64))
+            self._meta += other._meta
 
     def relabel(self, mapping: npt.NDArray[np.int32]) -> None:
         """Replace every label ``l >= 0`` by ``mapping[l]`` (used once names are sorted)."""

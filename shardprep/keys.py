@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_valid_key", "key_from_stem", "split_name"]
+__all__ = ["KEY_BYTES_TABLE", "is_valid_key", "key_from_stem", "split_name"]
 
 _VALID = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]*")
+_SAFE_BYTES = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-/")
+KEY_BYTES_TABLE = bytes(b if b in _SAFE_BYTES else ord("_") for b in range(256))
+"""``bytes.translate`` table: keeps key characters and ``/``, maps every other byte to ``_``.
+
+On ASCII names, translating then replacing ``/`` by ``__`` (and prefixing ``k``
+to a leading ``_``) gives exactly :func:`key_from_stem`'s result.
+"""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 

@@ -26,6 +26,8 @@ land on N different shards.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -72,6 +74,7 @@ def plan_shards(
     filled = np.zeros(num_shards, dtype=np.int64)
     for members in np.split(order, class_bounds):
         _deal_class(members, sizes, shard_of, counts, filled)
+    _separate_copies(shard_of, labels, sizes, groups, num_shards)
     by_shard = np.argsort(shard_of, kind="stable")
     bounds = np.cumsum(counts)[:-1]
     return [_shuffle_apart(part, groups, rng) for part in np.split(by_shard, bounds)]
@@ -100,29 +103,77 @@ def _deal_class(
         filled[targets] += sizes[rest]
 
 
+def _separate_copies(
+    shard_of: IntArray, labels: IntArray, sizes: IntArray, groups: IntArray, num_shards: int
+) -> None:
+    """Move copies of a source (with at most ``num_shards`` copies) off shards holding another.
+
+    Dealing in rounds spreads a source's copies, except one that straddles a
+    class's last full round and its remainder. Each such copy swaps shards
+    with a sample of the same class (closest in size) on a shard without a
+    copy of that source, so shard and class counts do not change.
+    """
+    copies = np.bincount(groups)
+    key = groups * num_shards + shard_of
+    _, first, repeats = np.unique(key, return_index=True, return_counts=True)
+    if not (repeats > 1).any():
+        return
+    for g in np.unique(groups[first[repeats > 1]]):
+        if copies[g] > num_shards:
+            continue
+        members = np.flatnonzero(groups == g)
+        for x in members:
+            if np.count_nonzero(shard_of[members] == shard_of[x]) < 2:
+                continue
+            s, taken = shard_of[x], shard_of[members]
+            others = groups * num_shards + s  # a candidate's source must have no copy on s
+            fits = (
+                (labels == labels[x])
+                & ~np.isin(shard_of, taken)
+                & ((copies[groups] > num_shards) | ~np.isin(others, key))
+            )
+            candidates = np.flatnonzero(fits)
+            if not len(candidates):
+                continue
+            y = candidates[np.argmin(np.abs(sizes[candidates] - sizes[x]))]
+            shard_of[x], shard_of[y] = shard_of[y], s
+            key[x], key[y] = groups[x] * num_shards + shard_of[x], groups[y] * num_shards + s
+
+
 def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -> IntArray:
     """A seeded shuffle of one shard's samples in which no two copies of a source are adjacent.
 
     After the shuffle, each sample that follows a copy of its own source is
     swapped with the first later sample that fits between different
-    neighbours (deterministic, so the plan stays a pure function).
+    neighbours, else with its next neighbour, else it or its twin with an
+    earlier sample (deterministic, so the plan stays a pure function).
     """
     shuffled = rng.permutation(part)
     source = groups[shuffled]
     if len(np.unique(source)) == len(source):
         return shuffled
-    for i in range(1, len(shuffled)):
+    n = len(shuffled)
+    for i in range(1, n):
         if source[i] != source[i - 1]:
             continue
-        for j in range(i + 1, len(shuffled)):
-            fits_here = source[j] != source[i - 1] and (
-                i + 1 >= len(source) or source[j] != source[i + 1]
-            )
-            fits_there = source[i] != source[j - 1] and (
-                j + 1 >= len(source) or source[i] != source[j + 1]
-            )
-            if fits_here and fits_there:
-                shuffled[[i, j]] = shuffled[[j, i]]
-                source[[i, j]] = source[[j, i]]
+        # Move sample i to a later place, else next door, else move either one earlier.
+        candidates = itertools.chain(
+            ((i, j) for j in range(i + 2, n)),
+            ((i, j) for j in range(i + 1, min(i + 2, n))),
+            ((p, j) for p in (i, i - 1) for j in range(i - 1) if j != p),
+        )
+        for a, b in candidates:
+            if _swap_fits(source, a, b):
+                shuffled[[a, b]] = shuffled[[b, a]]
+                source[[a, b]] = source[[b, a]]
                 break
     return shuffled
+
+
+def _swap_fits(source: IntArray, a: int, b: int) -> bool:
+    """Whether swapping positions ``a`` and ``b`` leaves both next to different sources."""
+    source[[a, b]] = source[[b, a]]
+    last = len(source) - 1
+    fits = all(source[k] != source[k + 1] for k in {a - 1, a, b - 1, b} if 0 <= k < last)
+    source[[a, b]] = source[[b, a]]
+    return fits

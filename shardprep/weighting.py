@@ -23,14 +23,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardprep.config import BuildConfig
-from shardprep.errors import PlanError
+from shardprep.errors import DuplicateKeyError, PlanError
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.rng import derive_rng
 
@@ -53,18 +54,27 @@ class Selection:
     def __len__(self) -> int:
         return len(self.source)
 
-    def sample(self, inventory: Inventory, i: int) -> SampleRef:
-        """The SampleRef of written sample ``i`` (a copy gets its own key: ``<key>-r<copy>``)."""
-        source = int(self.source[i])
-        ref = inventory.sample(source)
-        copy = int(self.copy[i])
-        if copy:
-            ref = replace(ref, key=f"{ref.key}-r{copy}", copy=copy)
-        if self.multiplicity is not None:
-            ref = replace(ref, multiplicity=int(self.multiplicity[i]))
-        if self.weight is not None:
-            ref = replace(ref, weight=f"{self.weight[source]:.6g}".encode())
-        return ref
+    def samples(self, inventory: Inventory, positions: IntArray) -> list[SampleRef]:
+        """SampleRefs of written samples ``positions`` (a copy gets its own key: ``<key>-r<copy>``)."""
+        refs = inventory.samples(self.source[positions])
+        if self.section is None:
+            return refs  # no weighting: nothing to adjust
+        copies = self.copy[positions].tolist()
+        multiplicity = (
+            self.multiplicity[positions].tolist() if self.multiplicity is not None else None
+        )
+        weight = self.weight[self.source[positions]] if self.weight is not None else None
+        for k, ref in enumerate(refs):
+            changes: dict[str, Any] = {}
+            if copies[k]:
+                changes.update(key=f"{ref.key}-r{copies[k]}", copy=copies[k])
+            if multiplicity is not None:
+                changes["multiplicity"] = multiplicity[k]
+            if weight is not None:
+                changes["weight"] = f"{weight[k]:.6g}".encode()
+            if changes:
+                refs[k] = ref._replace(**changes)
+        return refs
 
     def manifest_section(self, inventory: Inventory) -> dict[str, Any]:
         """Extra manifest fields (empty when nothing was reweighted)."""
@@ -223,14 +233,44 @@ def select_samples(inventory: Inventory, config: BuildConfig) -> Selection:
         mode="keep-all" if config.keep_all else "resample",
         realized_counts=[int(t) for t in targets],
     )
-    source = np.concatenate(sources)
+    source, copy = np.concatenate(sources), np.concatenate(copies)
+    _check_copy_keys(inventory, source, copy)
     section["dropped_samples"] = n - len(np.unique(source))
     return Selection(
         source,
-        np.concatenate(copies),
+        copy,
         multiplicity=np.concatenate(multiplicities),
         section=section,
     )
+
+
+_COPY_SUFFIX = re.compile(rb"-r[1-9][0-9]*")
+
+
+def _check_copy_keys(inventory: Inventory, source: IntArray, copy: IntArray) -> None:
+    """Raise DuplicateKeyError if a copy's key ``<key>-r<k>`` is the key of an input sample.
+
+    Only keys that end like a copy's (``-r<k>``, found in the name blob) are looked at.
+    """
+    ends = inventory.stem_end.astype(np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    suffixed = {}
+    for match in _COPY_SUFFIX.finditer(inventory.stem_blob):
+        i = int(np.searchsorted(ends, match.end()))
+        if i < len(ends) and ends[i] == match.end() and starts[i] <= match.start():
+            suffixed[i] = match
+    if not suffixed:
+        return
+    copied = {(int(s), int(c)) for s, c in zip(source, copy, strict=True) if c}
+    by_key = {inventory.key(i): i for i in range(len(inventory))}
+    for i in suffixed:
+        base, _, k = inventory.key(i).rpartition("-r")
+        original = by_key.get(base)
+        if original is not None and (original, int(k)) in copied:
+            raise DuplicateKeyError(
+                inventory.key(i),
+                [inventory.sample(i).source, f"copy {k} of {inventory.sample(original).source}"],
+            )
 
 
 def _multiplicities(n: int, target: int, rng: np.random.Generator) -> IntArray:

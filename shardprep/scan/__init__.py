@@ -15,6 +15,7 @@ import numpy as np
 
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
+from shardprep.keys import KEY_BYTES_TABLE
 from shardprep.scan.class_folders import scan_class_folders
 from shardprep.scan.keyed_files import looks_keyed, scan_keyed_files
 from shardprep.scan.listing import scan_listing
@@ -71,8 +72,11 @@ def scan(
     tick: Tick | None = None,
     path_column: str = "path",
     label_column: str | None = None,
+    workers: int = 1,
 ) -> Inventory:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
+
+    ``workers`` > 1 scans class folders in parallel processes (same result).
 
     Raises:
         InputError: the input is unusable; the message lists the offending paths.
@@ -86,9 +90,10 @@ def scan(
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
         inventory = scan_listing(raw, count, path_column, label_column)
+    elif fmt is InputFormat.CLASS_FOLDERS:
+        inventory = scan_class_folders(os.path.abspath(raw), count, workers)
     else:
         scanner = {
-            InputFormat.CLASS_FOLDERS: scan_class_folders,
             InputFormat.KEYED: scan_keyed_files,
             InputFormat.TAR: scan_tar_shards,
         }[fmt]
@@ -102,14 +107,10 @@ def scan(
 def check_unique_keys(inventory: Inventory) -> None:
     """Raise DuplicateKeyError if two samples map to one key.
 
-    Compares 64-bit hashes (8 bytes per sample, not a set of strings), then
-    confirms a clash on the strings themselves.
+    Compares 64-bit hashes of the keys (8 bytes per sample, not a set of
+    strings), then confirms a clash on the keys themselves.
     """
-    hashes = np.fromiter(
-        (hash(inventory.key(i)) for i in range(len(inventory))),
-        dtype=np.int64,
-        count=len(inventory),
-    )
+    hashes = np.array(_key_hashes(inventory), dtype=np.int64)
     order = np.argsort(hashes, kind="stable")
     same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
     for pos in same:
@@ -118,3 +119,20 @@ def check_unique_keys(inventory: Inventory) -> None:
             raise DuplicateKeyError(
                 inventory.key(a), [inventory.sample(a).source, inventory.sample(b).source]
             )
+
+
+def _key_hashes(inventory: Inventory) -> list[int]:
+    """hash() of every sample's key as UTF-8 bytes.
+
+    For ASCII names the keys are computed with byte operations on the whole
+    name blob (what ``key_from_stem`` does, without a str per sample).
+    """
+    if not inventory.stem_blob.isascii():
+        return [hash(inventory.key(i).encode()) for i in range(len(inventory))]
+    blob = inventory.stem_blob.translate(KEY_BYTES_TABLE)
+    ends = inventory.stem_end.tolist()
+    hashes = []
+    for start, end in zip([0, *ends[:-1]], ends, strict=True):
+        key = blob[start:end].replace(b"/", b"__")
+        hashes.append(hash(key if key[:1] not in (b"_", b"") else b"k" + key))
+    return hashes

@@ -6,7 +6,9 @@ files may sit at any depth below their class folder. Metadata only.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 from shardprep.errors import InputError
 from shardprep.inventory import Inventory, InventoryBuilder
@@ -36,30 +38,48 @@ def class_folder_names(root: str) -> list[str]:
     return sorted(names)
 
 
-def scan_class_folders(root: str, tick: Tick) -> Inventory:
-    """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress."""
+def scan_class_folders(root: str, tick: Tick, workers: int = 1) -> Inventory:
+    """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
+
+    With ``workers > 1`` class folders are scanned in parallel processes and
+    merged in class order, so the result is the same as a serial scan.
+    """
     classes = class_folder_names(root)
     builder = InventoryBuilder(root)
     problems = Problems()
-    for label, name in enumerate(classes):
-        before = len(builder)
-        for entry in walk_files(os.path.join(root, name), problems):
-            rel_dir = f"{name}/{entry.rel_dir}" if entry.rel_dir else name
-            stem, dot, ext = entry.name.rpartition(".")
-            if not dot or not stem:
-                problems.add(
-                    os.path.join(root, rel_dir, entry.name),
-                    "file has no extension; the extension names the sample's part "
-                    "(e.g. .jpg): rename it or move it out of the input",
-                )
-                continue
-            builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])
-            if len(builder) % 4096 == 0:
-                tick(4096)
-        if len(builder) == before:
-            problems.add(
-                os.path.join(root, name), "class folder has no files; remove it or add samples"
-            )
-    tick(len(builder) % 4096)
+    jobs = [(root, label, name) for label, name in enumerate(classes)]
+    if workers > 1 and len(classes) > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+            results = list(pool.map(_scan_class, jobs))
+    else:
+        results = map(_scan_class, jobs)
+    for part, part_problems in results:
+        builder.extend(part)
+        problems.items += part_problems.items
+        tick(len(part))
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
+
+
+def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:
+    """Scan one class folder into its own builder (runs in a worker process when parallel)."""
+    root, label, name = job
+    builder = InventoryBuilder(root)
+    problems = Problems()
+    for entry in walk_files(os.path.join(root, name), problems):
+        rel_dir = f"{name}/{entry.rel_dir}" if entry.rel_dir else name
+        stem, dot, ext = entry.name.rpartition(".")
+        if not dot or not stem:
+            problems.add(
+                os.path.join(root, rel_dir, entry.name),
+                "file has no extension; the extension names the sample's part "
+                "(e.g. .jpg): rename it or move it out of the input",
+            )
+            continue
+        builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])
+    if not len(builder):
+        problems.add(
+            os.path.join(root, name), "class folder has no files; remove it or add samples"
+        )
+    return builder, problems
