@@ -172,9 +172,12 @@ class ShardReader:
         """Bytes each sample of ``piece`` occupies in the tar (for byte-bounded buffers)."""
         offsets = self.index(piece.shard).sample_offset
         if self._expand is None:
-            return np.diff(offsets[piece.start : piece.stop + 1]).tolist()
-        ids = self._expanded_ids(piece.shard)[0][piece.start : piece.stop]
-        return (offsets[ids + 1] - offsets[ids]).tolist()
+            sizes = np.diff(offsets[piece.start : piece.stop + 1])
+        else:
+            ids = self._expanded_ids(piece.shard)[0][piece.start : piece.stop]
+            sizes = offsets[ids + 1] - offsets[ids]
+        result: list[int] = sizes.tolist()
+        return result
 
     def read(self, piece: SampleRange) -> Chunk:
         """The samples of ``piece`` (positions of the reweighted sequence when reweighting)."""

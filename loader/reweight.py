@@ -51,7 +51,8 @@ class Reweighting:
 
     def shard_sizes(self) -> list[int]:
         """Samples each shard contributes per epoch after reweighting."""
-        return self.shard_targets.sum(axis=1).tolist()
+        sizes: list[int] = self.shard_targets.sum(axis=1).tolist()
+        return sizes
 
     def sample_ids(
         self, labels: npt.NDArray[np.integer], shard: int, seed: int, epoch: int

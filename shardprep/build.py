@@ -38,7 +38,7 @@ JOURNAL_NAME = ".shardprep-build.json"
 _OWN_FILE = re.compile(r"^\.?(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json)(\.partial)?$")
 
 
-class _Bar(tqdm):  # type: ignore[type-arg]
+class _Bar(tqdm):  # type: ignore[misc]
     """tqdm without its monitor thread, so worker processes can be forked safely."""
 
     monitor_interval = 0

@@ -155,7 +155,8 @@ class Inventory:
         """Number of samples per class index (empty list when unlabelled)."""
         if self.class_names is None:
             return []
-        return np.bincount(self.label, minlength=len(self.class_names)).tolist()
+        counts: list[int] = np.bincount(self.label, minlength=len(self.class_names)).tolist()
+        return counts
 
 
 def blob_slice(
@@ -164,11 +165,12 @@ def blob_slice(
     """Entry ``k`` of a blob column, or None when the column is absent."""
     if starts is None or ends is None:
         return None
-    return blob[starts[k] : ends[k]]
+    return bytes(blob[starts[k] : ends[k]])
 
 
 def _shifted(values: array[int], by: int, dtype: type[np.unsignedinteger]) -> bytes:
-    return (np.frombuffer(values, dtype=dtype) + dtype(by)).tobytes()
+    shifted: bytes = (np.frombuffer(values, dtype=dtype) + dtype(by)).tobytes()
+    return shifted
 
 
 class InventoryBuilder:

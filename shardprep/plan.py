@@ -62,22 +62,22 @@ def plan_shards(
             f"choose --shards between 1 and {n}"
         )
     rng = derive_rng(seed, "plan")
-    labels = np.asarray(labels, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    groups = np.arange(n) if groups is None else np.asarray(groups, dtype=np.int64)
-    tiebreak = rng.random(int(groups.max()) + 1)[groups]
+    label: IntArray = np.asarray(labels, dtype=np.int64)
+    size: IntArray = np.asarray(sizes, dtype=np.int64)
+    group: IntArray = np.arange(n) if groups is None else np.asarray(groups, dtype=np.int64)
+    tiebreak = rng.random(int(group.max()) + 1)[group]
     # Largest first within each class; random among equal sizes; copies of a source together.
-    order = np.lexsort((np.arange(n), tiebreak, -sizes, labels))
-    class_bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    order = np.lexsort((np.arange(n), tiebreak, -size, label))
+    class_bounds = np.flatnonzero(np.diff(label[order])) + 1
     shard_of = np.empty(n, dtype=np.int64)
     counts = np.zeros(num_shards, dtype=np.int64)
     filled = np.zeros(num_shards, dtype=np.int64)
     for members in np.split(order, class_bounds):
-        _deal_class(members, sizes, shard_of, counts, filled)
-    _separate_copies(shard_of, labels, sizes, groups, num_shards)
+        _deal_class(members, size, shard_of, counts, filled)
+    _separate_copies(shard_of, label, size, group, num_shards)
     by_shard = np.argsort(shard_of, kind="stable")
     bounds = np.cumsum(counts)[:-1]
-    return [_shuffle_apart(part, groups, rng) for part in np.split(by_shard, bounds)]
+    return [_shuffle_apart(part, group, rng) for part in np.split(by_shard, bounds)]
 
 
 def _deal_class(

@@ -117,7 +117,8 @@ def parse_class_weights(
     empty = [class_names[c] for c in np.flatnonzero((weights > 0) & ~present)]
     if empty:
         raise PlanError(f"class(es) {', '.join(map(repr, empty))} have no samples to resample from")
-    return weights / weights.sum()
+    normalised: FloatArray = weights / weights.sum()
+    return normalised
 
 
 def _read_mapping(spec: str) -> dict[str, float]:
@@ -131,7 +132,7 @@ def _read_mapping(spec: str) -> dict[str, float]:
             raise PlanError(
                 f"--class-weights {spec}: must be a JSON object of class name to weight"
             )
-        items = data.items()
+        items: list[tuple[Any, Any]] = list(data.items())
     else:
         items = []
         for part in spec.split(","):

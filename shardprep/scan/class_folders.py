@@ -23,7 +23,8 @@ def class_folder_names(root: str) -> list[str]:
     Raises:
         InputError: ``root`` also holds files (then it is not a class-folder layout).
     """
-    names, files = [], []
+    names: list[str] = []
+    files: list[str] = []
     with os.scandir(root) as it:
         for entry in it:
             if entry.name.startswith("."):
@@ -53,7 +54,7 @@ def scan_class_folders(root: str, tick: Tick, workers: int = 1) -> Inventory:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
             results = list(pool.map(_scan_class, jobs))
     else:
-        results = map(_scan_class, jobs)
+        results = [_scan_class(job) for job in jobs]
     for part, part_problems in results:
         builder.extend(part)
         problems.items += part_problems.items

@@ -47,7 +47,8 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
     for tar_path in tars:
         try:
             with tarfile.open(tar_path, "r:") as tar:
-                current, parts, label_text = None, [], None
+                current, label_text = None, None
+                parts: list[tuple[str, int, int]] = []
                 for member in tar:
                     if not member.isfile():
                         continue
