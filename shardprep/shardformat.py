@@ -108,7 +108,8 @@ def _one_header(name: bytes, size: int, tail: bytes, tail_sum: int) -> bytes:
 def tar_header(name: bytes, size: int) -> bytes:
     """The header record(s) of one regular-file member ``name`` of ``size`` bytes.
 
-    Returns 512 bytes, or 1536 when the name needs a GNU long-name record.
+    Returns 512 bytes, or more when the name needs a GNU long-name record
+    (512 for that record's header plus the name padded to 512-byte blocks).
     """
     if len(name) <= 100:
         return _one_header(name, size, _TAIL_REGULAR, _SUM_REGULAR)
@@ -217,6 +218,8 @@ def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
     (head_len,) = struct.unpack_from("<Q", data, 8)
     try:
         header = json.loads(data[16 : 16 + head_len])
+        if header.get("format") != "shardprep-index" or header.get("version") != INDEX_VERSION:
+            raise ValueError(f"format {header.get('format')!r} version {header.get('version')!r}")
         base = 16 + head_len
         fields: dict[str, Any] = {"exts": tuple(header["exts"])}
         for name, dtype in _ARRAY_DTYPES.items():

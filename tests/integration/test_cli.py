@@ -1,0 +1,307 @@
+"""The ``shardprep`` command line via click's CliRunner: output, exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from shardprep.cli import cli
+from shardprep.example import class_sizes
+
+
+def _invoke(*args: str) -> Result:
+    result = CliRunner().invoke(cli, list(args))
+    # expected errors are one message, never a traceback
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+@pytest.fixture
+def raw(make_class_folders: Callable[..., Path]) -> Path:
+    return make_class_folders({"cat": 9, "dog": 5, "eel": 2})
+
+
+def test_build_prints_a_summary(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _invoke("build", str(raw), str(out), "--shards", "4", "-j", "1", "--quiet")
+    assert result.exit_code == 0
+    assert result.output == ""  # --quiet: no bars, no summary
+    out2 = tmp_path / "out2"
+    result = _invoke("build", str(raw), str(out2), "-n", "4", "-j", "1")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"wrote 4 shards to {out2}"
+    assert lines[1].split() == ["samples", "16", "(4-4", "per", "shard),", "3", "classes"]
+    assert lines[2].strip().startswith("bytes")
+    assert lines[3].strip().startswith("time")
+    assert len(lines) == 4
+    assert sorted(os.listdir(out2)) == sorted(os.listdir(out))
+
+
+def test_build_json(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _invoke(
+        "build",
+        str(raw),
+        str(out),
+        "-n",
+        "3",
+        "-j",
+        "2",
+        "--seed",
+        "5",
+        "--compress",
+        "zstd",
+        "--zstd-level",
+        "9",
+        "--json",
+    )
+    assert result.exit_code == 0
+    assert result.stderr == ""  # --json implies no progress bars
+    data = json.loads(result.stdout)
+    assert data["num_samples"] == 16
+    assert data["num_classes"] == 3
+    assert data["num_shards"] == 3
+    assert (data["min_shard_samples"], data["max_shard_samples"]) == (5, 6)
+    assert data["out"] == str(out)
+    assert data["reused_shards"] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["seed"] == 5
+    assert manifest["options"]["compression"] == "zstd"
+    assert manifest["options"]["zstd_level"] == 9
+    assert sorted(p.name for p in out.glob("*.zst")) == [f"shard-0000{i}.tar.zst" for i in range(3)]
+
+
+def test_build_input_options(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    (root / "img").mkdir(parents=True)
+    rows = ["file,y,note"]
+    for i in range(6):
+        (root / "img" / f"{i}.jpg").write_bytes(b"%d" % i)
+        rows.append(f"img/{i}.jpg,{i % 2},n{i}")
+    (root / "list.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    result = _invoke(
+        "build",
+        str(root / "list.csv"),
+        str(out),
+        "-n",
+        "2",
+        "-j",
+        "1",
+        "--json",
+        "--format",
+        "listing",
+        "--path-column",
+        "file",
+        "--label-column",
+        "y",
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_classes"] == 2
+    result = _invoke("build", str(root / "list.csv"), str(tmp_path / "o2"), "-n", "2", "-q")
+    assert result.exit_code == 1
+    assert "no 'path' column" in result.output
+
+
+def test_inspect(built: Path) -> None:
+    result = _invoke("inspect", str(built))
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert (
+        lines[0] == f"{built}: 103 samples in 8 shards, {_size(built):,} bytes (compression: none)"
+    )
+    assert lines[1].strip().startswith("samples per shard 12-13")
+    assert lines[2] == "  classes: 0=a (60), 1=b (30), 2=c (13)"
+    rows = [line.split() for line in lines[4:]]
+    assert [r[0] for r in rows] == [f"shard-{i:05d}.tar" for i in range(8)]
+    assert sum(int(r[1]) for r in rows) == 103
+    result = _invoke("inspect", "--json", str(built))
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["totals"]["num_samples"] == 103
+    assert [c["count"] for c in data["classes"]] == [60, 30, 13]
+    assert len(data["shards"]) == 8
+    assert set(data["shards"][0]) == {"file", "num_samples", "num_bytes", "class_counts"}
+
+
+def _size(out: Path) -> int:
+    return sum(p.stat().st_size for p in out.glob("shard-*.tar"))
+
+
+def test_inspect_errors(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = _invoke("inspect", str(empty))
+    assert result.exit_code == 1
+    assert f"{empty / 'manifest.json'}: no manifest" in result.output
+    (empty / "manifest.json").write_text('{"format": "shardprep-manifest", "version": 99}')
+    result = _invoke("inspect", str(empty))
+    assert result.exit_code == 1
+    assert "manifest version 99 is not supported" in result.output
+    result = _invoke("inspect", str(tmp_path / "missing"))
+    assert result.exit_code == 2
+
+
+def test_verify(built: Path, tmp_path: Path) -> None:
+    result = _invoke("verify", str(built), "-q")
+    assert result.exit_code == 0
+    assert result.output == "ok: 8 shards, 103 samples verified\n"
+    result = _invoke("verify", str(tmp_path))
+    assert result.exit_code == 1
+    assert "no manifest" in result.output
+
+
+def test_example_then_build_then_verify(tmp_path: Path) -> None:
+    raw = tmp_path / "example"
+    result = _invoke("example", str(raw), "--samples", "60", "--classes", "4", "--seed", "3")
+    assert result.exit_code == 0
+    counts = class_sizes(60, 4)
+    assert sum(counts) == 60 and counts == sorted(counts, reverse=True)
+    assert result.output == f"wrote 60 samples in 4 class folders to {raw}: {counts}\n"
+    assert [len(os.listdir(raw / f"class-{k}")) for k in range(4)] == counts
+    out = tmp_path / "out"
+    assert _invoke("build", str(raw), str(out), "-n", "5", "-j", "1", "-q").exit_code == 0
+    assert _invoke("verify", str(out), "-q").output == "ok: 5 shards, 60 samples verified\n"
+    # the same example again is a no-op; another one refuses the non-empty folder
+    before = sorted(p.relative_to(raw) for p in raw.rglob("*"))
+    result = _invoke("example", str(raw), "--samples", "60", "--classes", "4", "--seed", "3")
+    assert result.exit_code == 0
+    assert result.output == f"wrote 60 samples in 4 class folders to {raw}: {counts}\n"
+    assert sorted(p.relative_to(raw) for p in raw.rglob("*")) == before
+    for other in (["--seed", "4"], ["--samples", "61"], []):
+        result = _invoke("example", str(raw), "--samples", "60", "--classes", "4", *other)
+        assert result.exit_code == 1
+        assert f"{raw}: not empty" in result.output
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "data.txt").write_text("x")
+    result = _invoke("example", str(tmp_path / "mine"))
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'mine'}: not empty" in result.output
+    result = _invoke("example", str(tmp_path / "few"), "--samples", "2", "--classes", "3")
+    assert result.exit_code == 1
+    assert "need at least one sample per class" in result.output
+
+
+# --- exit codes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shards", "0"], "0 is not in the range x>=1"),
+        (["--shards", "17"], "cannot make 17 shard(s) from 16 sample(s)"),
+        (["--shards", "2", "--compress", "gz"], "'gz' is not one of 'none', 'zstd'"),
+        (["--shards", "2", "--zstd-level", "23"], "--zstd-level"),
+        (["--shards", "2", "--seed", "-1"], "--seed"),
+        (["--shards", "2", "--format", "parquet"], "'parquet' is not one of"),
+        (["--shards", "2", "--workers", "0"], "--workers"),
+        (["--shards", "2", "--overwrite", "--resume"], "--overwrite and --resume exclude"),
+        ([], "Missing option '--shards'"),
+    ],
+)
+def test_usage_errors_exit_2(raw: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    result = _invoke("build", str(raw), str(out), "-q", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Usage: " in result.output
+    assert not out.exists()
+
+
+def test_missing_raw_exits_1(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-raw"
+    out = tmp_path / "out"
+    result = _invoke("build", str(missing), str(out), "-n", "2", "-q")
+    assert result.exit_code == 1
+    assert result.output == f"Error: {missing}: no such file or folder\n"
+    assert not out.exists()
+
+
+def test_empty_raw_exits_1(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = _invoke("build", str(empty), str(tmp_path / "out"), "-n", "2", "-q")
+    assert result.exit_code == 1
+    assert f"Error: {empty}: the folder is empty" in result.output
+
+
+def test_non_empty_out_exits_1(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    result = _invoke("build", str(raw), str(out), "-n", "2", "-q")
+    assert result.exit_code == 1
+    assert f"Error: {out}: the output folder is not empty" in result.output
+    assert "'keep.txt'" in result.output
+    assert os.listdir(out) == ["keep.txt"]
+    result = _invoke("build", str(raw), str(out), "-n", "2", "-q", "-j", "1", "--overwrite")
+    assert result.exit_code == 0
+    assert "keep.txt" in os.listdir(out)
+
+
+def test_bad_input_exits_1_naming_the_file(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    (raw / "cat").mkdir(parents=True)
+    (raw / "cat" / "a.jpg").write_bytes(b"a")
+    (raw / "cat" / "noext").write_bytes(b"b")
+    result = _invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q")
+    assert result.exit_code == 1
+    assert f"{raw / 'cat' / 'noext'}: file has no extension" in result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("name,label\nx.jpg,1\n", "no 'path' column"),
+        ("path\nmissing.jpg\n", "cannot stat"),
+        ("path\n../outside.jpg\n", "outside the listing's folder"),
+    ],
+)
+def test_bad_listing_exits_1(tmp_path: Path, content: str, message: str) -> None:
+    listing = tmp_path / "data" / "list.csv"
+    listing.parent.mkdir()
+    listing.write_text(content)
+    result = _invoke("build", str(listing), str(tmp_path / "out"), "-n", "1", "-q")
+    assert result.exit_code == 1
+    assert str(listing) in result.output
+    assert message in result.output
+
+
+def test_duplicate_keys_exit_1(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    (raw / "cat").mkdir(parents=True)
+    (raw / "cat" / "a.jpg").write_bytes(b"1")
+    (raw / "cat" / "a.png").write_bytes(b"2")
+    (raw / "cat" / "b.png").write_bytes(b"2")
+    result = _invoke(
+        "build", str(raw), str(tmp_path / "out"), "-n", "1", "-q", "--format", "class-folders"
+    )
+    assert result.exit_code == 1
+    assert "duplicate sample key 'cat__a'" in result.output
+    assert "'cat/a.jpg'" in result.output and "'cat/a.png'" in result.output
+
+
+def test_python_dash_m_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardprep", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: shardprep [OPTIONS] COMMAND [ARGS]...")
+    for command in ("build", "inspect", "verify", "example"):
+        assert f"  {command} " in result.stdout
+    assert result.stderr == ""
+
+
+def test_version() -> None:
+    result = _invoke("--version")
+    assert result.exit_code == 0
+    assert "0.1.0" in result.output
