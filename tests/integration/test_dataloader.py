@@ -257,3 +257,37 @@ def test_verify_detects_flipped_byte(built: Path, tmp_path: Path) -> None:
 def test_missing_manifest_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no manifest"):
         ShardDataset(str(tmp_path))
+
+
+def test_reads_file_urls_and_fsspec_filesystems(built: Path) -> None:
+    expected = [s["__key__"] for s in ShardDataset(str(built))]
+    assert [s["__key__"] for s in ShardDataset(f"file://{built}")] == expected
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for path in built.iterdir():
+        memory.pipe(f"/remote-out/{path.name}", path.read_bytes())
+    try:
+        remote = ShardDataset("memory://remote-out")
+        samples = list(remote)
+        assert [s["__key__"] for s in samples] == expected
+        assert samples[0]["bin"] == next(iter(ShardDataset(str(built))))["bin"]
+    finally:
+        memory.rm("/remote-out", recursive=True)
+
+
+def test_transient_read_errors_are_retried(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loader import source as source_module
+
+    monkeypatch.setattr(source_module, "BACKOFF_S", 0.0)
+    failures = {"left": 2}
+    original = source_module.Source.open
+
+    def flaky(self: source_module.Source, name: str) -> Any:
+        if name.endswith(".idx") and failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("simulated network hiccup")
+        return original(self, name)
+
+    monkeypatch.setattr(source_module.Source, "open", flaky)
+    assert len(list(ShardDataset(str(built)))) == 103
+    assert failures["left"] == 0
