@@ -114,30 +114,34 @@ def _separate_copies(
     copy of that source, so shard and class counts do not change.
     """
     copies = np.bincount(groups)
-    key = groups * num_shards + shard_of
-    _, first, repeats = np.unique(key, return_index=True, return_counts=True)
-    if not (repeats > 1).any():
+    _, first, repeats = np.unique(
+        groups * num_shards + shard_of, return_index=True, return_counts=True
+    )
+    clashing = np.unique(groups[first[repeats > 1]])
+    clashing = clashing[copies[clashing] <= num_shards]
+    if not len(clashing):
         return
-    for g in np.unique(groups[first[repeats > 1]]):
-        if copies[g] > num_shards:
-            continue
-        members = np.flatnonzero(groups == g)
+    by_group = np.argsort(groups, kind="stable")
+    group_start = np.concatenate([[0], np.cumsum(copies)])
+    by_label = np.argsort(labels, kind="stable")
+    sorted_labels = labels[by_label]
+    for g in clashing:
+        members = by_group[group_start[g] : group_start[g + 1]]
+        lo, hi = np.searchsorted(sorted_labels, [labels[members[0]], labels[members[0]] + 1])
+        same_class = by_label[lo:hi]
         for x in members:
             if np.count_nonzero(shard_of[members] == shard_of[x]) < 2:
                 continue
-            s, taken = shard_of[x], shard_of[members]
-            others = groups * num_shards + s  # a candidate's source must have no copy on s
-            fits = (
-                (labels == labels[x])
-                & ~np.isin(shard_of, taken)
-                & ((copies[groups] > num_shards) | ~np.isin(others, key))
-            )
-            candidates = np.flatnonzero(fits)
+            s = shard_of[x]
+            candidates = same_class[~np.isin(shard_of[same_class], shard_of[members])]
+            on_s = groups[same_class[shard_of[same_class] == s]]
+            # A candidate's own source must have no copy on s (unless it has too many anyway).
+            fits = (copies[groups[candidates]] > num_shards) | ~np.isin(groups[candidates], on_s)
+            candidates = candidates[fits]
             if not len(candidates):
                 continue
             y = candidates[np.argmin(np.abs(sizes[candidates] - sizes[x]))]
             shard_of[x], shard_of[y] = shard_of[y], s
-            key[x], key[y] = groups[x] * num_shards + shard_of[x], groups[y] * num_shards + s
 
 
 def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -> IntArray:
@@ -146,13 +150,18 @@ def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -
     After the shuffle, each sample that follows a copy of its own source is
     swapped with the first later sample that fits between different
     neighbours, else with its next neighbour, else it or its twin with an
-    earlier sample (deterministic, so the plan stays a pure function).
+    earlier sample; if that leaves copies adjacent, the samples are
+    interleaved instead. A source holding more than half the shard gets the
+    fewest adjacent pairs possible. (Deterministic: the plan stays a pure function.)
     """
     shuffled = rng.permutation(part)
     source = groups[shuffled]
-    if len(np.unique(source)) == len(source):
-        return shuffled
     n = len(shuffled)
+    most = int(np.unique(source, return_counts=True)[1].max()) if n else 0
+    if most <= 1:
+        return shuffled
+    if most > (n + 1) // 2:  # some copies must touch: as few pairs of them as possible
+        return _around_dominant(shuffled, source)
     for i in range(1, n):
         if source[i] != source[i - 1]:
             continue
@@ -167,7 +176,41 @@ def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -
                 shuffled[[a, b]] = shuffled[[b, a]]
                 source[[a, b]] = source[[b, a]]
                 break
+    if (source[1:] == source[:-1]).any():  # no single swap fitted: interleave instead
+        return _interleave(shuffled, source)
     return shuffled
+
+
+def _interleave(shuffled: IntArray, source: IntArray) -> IntArray:
+    """The samples grouped by source, most copies first, dealt to positions 0, 2, 4, ..., 1, 3, ....
+
+    No two copies of a source end up adjacent when none has more than half the
+    samples (rounded up). Ties keep the shuffled order, so the result is still seeded.
+    """
+    _, first, inverse, counts = np.unique(
+        source, return_index=True, return_inverse=True, return_counts=True
+    )
+    order = np.lexsort((np.arange(len(source)), first[inverse], -counts[inverse]))
+    slots = np.concatenate([np.arange(0, len(source), 2), np.arange(1, len(source), 2)])
+    result = np.empty_like(shuffled)
+    result[slots] = shuffled[order]
+    return result
+
+
+def _around_dominant(shuffled: IntArray, source: IntArray) -> IntArray:
+    """The other samples at positions 1, 3, 5, ..., the dominant source's copies everywhere else.
+
+    For a source with k > n/2 copies this leaves 2k - n - 1 adjacent pairs, the fewest possible.
+    """
+    dominant = np.bincount(source).argmax()
+    others = source != dominant
+    slots = np.arange(1, 2 * int(others.sum()), 2)
+    result = np.empty_like(shuffled)
+    result[slots] = shuffled[others]
+    rest = np.ones(len(shuffled), dtype=bool)
+    rest[slots] = False
+    result[rest] = shuffled[~others]
+    return result
 
 
 def _swap_fits(source: IntArray, a: int, b: int) -> bool:
