@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Config, dataset, dir_size, log, repeat, rm, run_shell, run_task
+from bench.harness import (
+    Config,
+    dataset,
+    dir_size,
+    is_built,
+    log,
+    mark_built,
+    repeat,
+    rm,
+    run_shell,
+    run_task,
+)
 
 DATASETS = ("small", "images", "text")
 
@@ -90,7 +102,7 @@ def build_once(
     res["files_s"] = n / secs
     res["mb_s"] = total / secs / 1e6
     res["out_bytes"] = dir_size(out)
-    Path(str(out) + ".ok").touch()
+    mark_built(out, v.system)
     return res
 
 
@@ -98,7 +110,7 @@ def ensure_built(cfg: Config, kind: str, n: int, v: Variant, shards: int) -> Pat
     """Output of ``v`` for ``kind-n``, building it (unmeasured) if missing."""
     root, meta = dataset(cfg, kind, n)
     out = out_dir(cfg, f"{kind}-{n}", v)
-    if not Path(str(out) + ".ok").exists():
+    if not is_built(out, v.system):
         log(f"  preparing {v.name} on {kind}-{n}")
         res = build_once(cfg, root, meta, v, out, shards)
         if "error" in res:
@@ -117,9 +129,7 @@ def run(cfg: Config, datasets: tuple[str, ...] = DATASETS) -> dict[str, Any]:
         for v in VARIANTS:
             out = out_dir(cfg, dskey, v)
             rows[v.name] = repeat(
-                cfg,
-                lambda v=v, out=out: build_once(cfg, root, meta, v, out, cfg.shards[kind]),
-                v.name,
+                cfg, partial(build_once, cfg, root, meta, v, out, cfg.shards[kind]), v.name
             )
             if v.system in ("tar", "cat"):
                 rm(out)  # floors are not reused; save disk

@@ -21,19 +21,109 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 NUM_CLASSES = 10
 IMBALANCE = 20.0  # largest class / smallest class
 
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there been one all we their has would when if so no will "
-    "more out up into do any your what time some can only other new its about than them may these "
-    "data shard loader sample batch epoch rank worker train model tensor stream index balance class "
-    "image label vision text token audio random seed node cluster memory disk network cache"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "been",
+    "one",
+    "all",
+    "we",
+    "their",
+    "has",
+    "would",
+    "when",
+    "if",
+    "so",
+    "no",
+    "will",
+    "more",
+    "out",
+    "up",
+    "into",
+    "do",
+    "any",
+    "your",
+    "what",
+    "time",
+    "some",
+    "can",
+    "only",
+    "other",
+    "new",
+    "its",
+    "about",
+    "than",
+    "them",
+    "may",
+    "these",
+    "data",
+    "shard",
+    "loader",
+    "sample",
+    "batch",
+    "epoch",
+    "rank",
+    "worker",
+    "train",
+    "model",
+    "tensor",
+    "stream",
+    "index",
+    "balance",
+    "class",
+    "image",
+    "label",
+    "vision",
+    "text",
+    "token",
+    "audio",
+    "random",
+    "seed",
+    "node",
+    "cluster",
+    "memory",
+    "disk",
+    "network",
+    "cache",
+]
 
 
 @dataclass(frozen=True)
@@ -118,9 +208,10 @@ def generate(spec: Spec, root: Path) -> Path:
     return raw
 
 
-def load_meta(root: Path) -> dict:
+def load_meta(root: Path) -> dict[str, Any]:
     """Read ``meta.json`` written by :func:`generate`."""
-    return json.loads((root / "meta.json").read_text())
+    meta: dict[str, Any] = json.loads((root / "meta.json").read_text())
+    return meta
 
 
 def list_raw(raw: str | Path) -> list[tuple[str, int, str]]:

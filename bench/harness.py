@@ -3,6 +3,8 @@ execution with PSS sampling, medians, and the results store."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -38,9 +40,7 @@ class Config:
     command: str = ""
 
     @classmethod
-    def make(
-        cls, quick: bool, work: Path | None, repeats: int | None, command: str
-    ) -> Config:
+    def make(cls, quick: bool, work: Path | None, repeats: int | None, command: str) -> Config:
         """Defaults for ``--quick`` (a few minutes) or the full run."""
         if quick:
             c = cls(
@@ -80,10 +80,8 @@ def dir_size(path: Path) -> int:
     total = 0
     for dp, _, files in os.walk(path):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dp, f)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -93,6 +91,45 @@ def rm(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
         path.unlink()
+
+
+# ------------------------------------------------------------ build cache
+_PACKAGES = {"webdataset": "webdataset", "mds": "mosaicml-streaming", "litdata": "litdata"}
+
+
+def system_stamp(system: str) -> str:
+    """Identifies the code that wrote a cached build output.
+
+    Peers: their installed version. shardprep: a hash of the ``shardprep`` and
+    ``loader`` sources, so outputs written by an older checkout (format in
+    flux) are rebuilt.
+    """
+    if system in _PACKAGES:
+        from importlib import metadata
+
+        try:
+            return f"{system}-{metadata.version(_PACKAGES[system])}"
+        except metadata.PackageNotFoundError:
+            return f"{system}-?"
+    if system == "shardprep":
+        h = hashlib.sha1()
+        files = [*(REPO / "shardprep").rglob("*.py"), *(REPO / "loader").rglob("*.py")]
+        for f in sorted(files):
+            h.update(str(f.relative_to(REPO)).encode())
+            h.update(f.read_bytes())
+        return f"shardprep-{h.hexdigest()[:12]}"
+    return system
+
+
+def mark_built(out: Path, system: str) -> None:
+    """Record that ``out`` is a complete build by the current ``system`` code."""
+    Path(str(out) + ".ok").write_text(system_stamp(system))
+
+
+def is_built(out: Path, system: str) -> bool:
+    """True when ``out`` is complete and was written by the current code."""
+    ok = Path(str(out) + ".ok")
+    return ok.exists() and ok.read_text() == system_stamp(system)
 
 
 # ----------------------------------------------------------------- running
@@ -107,6 +144,10 @@ def env_for(system: str) -> dict[str, str]:
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # peers drop lock files and caches in TMPDIR (MDS: /tmp/000000_*_filelock)
+    tmp = Path(os.environ.get("BENCH_TMPDIR", "/tmp/shardprep-bench/tmp"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env["TQDM_DISABLE"] = "1"
     return env
 
@@ -140,9 +181,7 @@ def run_shell(cmd: str, timeout: float) -> dict[str, Any]:
     return res
 
 
-def repeat(
-    cfg: Config, once: Callable[[], dict[str, Any]], label: str
-) -> dict[str, Any]:
+def repeat(cfg: Config, once: Callable[[], dict[str, Any]], label: str) -> dict[str, Any]:
     """Warm-up runs, then ``cfg.repeats`` runs; numeric fields -> median.
 
     An error in any run makes the whole figure ``n/a`` with that error.
@@ -191,12 +230,23 @@ def load_results(cfg: Config) -> dict[str, Any]:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def save_section(cfg: Config, name: str, data: Any) -> None:
-    """Store one section's results, keeping the others."""
+def save_section(cfg: Config, name: str, data: Any, started: float, load_before: float) -> None:
+    """Store one section's results, keeping the others.
+
+    Also records when it ran, how long it took and the 1-minute load average
+    before/after: on a shared 2-core machine, other jobs skew every figure.
+    """
     res = load_results(cfg)
     res[name] = data
     res.setdefault("meta", {})
-    res["meta"][name] = {"command": cfg.command, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    res["meta"][name] = {
+        "command": cfg.command,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "minutes": (time.time() - started) / 60,
+        "loadavg": [load_before, os.getloadavg()[0]],
+        "repeats": cfg.repeats,
+        "warmup": cfg.warmup,
+    }
     results_path(cfg).parent.mkdir(parents=True, exist_ok=True)
     results_path(cfg).write_text(json.dumps(res, indent=1))
 

@@ -9,11 +9,12 @@ loop over them are the references. MB/s counts payload bytes for all rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.build import BY_NAME, DATASETS, ensure_built
-from bench.harness import Config, log, repeat, rm, run_shell, run_task
+from bench.harness import Config, dataset, log, repeat, rm, run_shell, run_task
 
 WORKERS = (0, 2)
 BATCH = 64
@@ -70,12 +71,14 @@ def load_once(
 
 
 def measure(
-    cfg: Config, kind: str, n: int, shards: int, loaders: tuple[LoadVariant, ...],
+    cfg: Config,
+    kind: str,
+    n: int,
+    shards: int,
+    loaders: tuple[LoadVariant, ...],
     workers: tuple[int, ...] = WORKERS,
 ) -> dict[str, Any]:
     """Rows ``"<name> | w<k>"`` for ``kind-n`` (used by load and scale)."""
-    from bench.harness import dataset
-
     _, meta = dataset(cfg, kind, n)
     rows: dict[str, Any] = {}
     for lv in loaders:
@@ -86,13 +89,8 @@ def measure(
                 rows[f"{lv.name} | w{w}"] = {"error": f"build failed: {e}"}
             continue
         for w in workers if lv.system not in SINGLE else (0,):
-            rows[f"{lv.name} | w{w}"] = repeat(
-                cfg,
-                lambda lv=lv, out=out, w=w: load_once(
-                    cfg, lv, out, w, n, meta["total_bytes"]
-                ),
-                f"{lv.name} w{w}",
-            )
+            once = partial(load_once, cfg, lv, out, w, n, meta["total_bytes"])
+            rows[f"{lv.name} | w{w}"] = repeat(cfg, once, f"{lv.name} w{w}")
     return rows
 
 

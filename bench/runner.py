@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 import tarfile
 import time
@@ -40,21 +39,20 @@ def _own_pss() -> int:
     return 0
 
 
-def _import_peer(system: str) -> tuple[Any, float]:
+def _import_peer(system: str, phase: str) -> tuple[Any, float]:
+    """Import the peer module and its libraries for ``phase`` (build|load)."""
     from bench.peers import PEERS
 
     t = time.perf_counter()
     mod = importlib.import_module(PEERS[system])
-    for name in mod.IMPORTS:
+    for name in mod.BUILD_IMPORTS if phase == "build" else mod.LOAD_IMPORTS:
         importlib.import_module(name)
-    import torch.utils.data  # noqa: F401  (DataLoader; already loaded by most peers)
-
     return mod, time.perf_counter() - t
 
 
 def task_build(spec: dict[str, Any]) -> dict[str, Any]:
     """Build shards from ``spec['raw']`` into ``spec['out']``."""
-    mod, import_s = _import_peer(spec["system"])
+    mod, import_s = _import_peer(spec["system"], "build")
     meta = json.loads(Path(spec["meta"]).read_text())
     pss0 = _own_pss()
     t = time.perf_counter()
@@ -87,7 +85,7 @@ def task_load(spec: dict[str, Any]) -> dict[str, Any]:
 
     if spec["system"] == "tarfile":
         return task_tarloop(spec)
-    mod, import_s = _import_peer(spec["system"])
+    mod, import_s = _import_peer(spec["system"], "load")
     pss0 = _own_pss()
     t0 = time.perf_counter()
     dl = mod.loader(spec["out"], spec["batch_size"], spec["num_workers"], collate, spec["params"])
@@ -104,7 +102,8 @@ def task_tarloop(spec: dict[str, Any]) -> dict[str, Any]:
 
     def samples() -> Any:
         for shard in shards:
-            cur_key, cur = None, {}
+            cur_key: str | None = None
+            cur: dict[str, bytes] = {}
             with tarfile.open(shard, mode="r|") as tf:
                 for m in tf:
                     if not m.isfile():
@@ -142,21 +141,21 @@ def task_ddp_rank(spec: dict[str, Any]) -> dict[str, Any]:
     from bench.peers.common import collate_ident
 
     rank, world = spec["rank"], spec["world"]
-    mod, import_s = _import_peer(spec["system"])
+    mod, import_s = _import_peer(spec["system"], "load")
     dist.init_process_group(
         "gloo", init_method=f"file://{spec['init_file']}", rank=rank, world_size=world
     )
     params = dict(spec["params"])
     if spec["system"] == "mds":
-        params["clean_shm"] = False
-        if rank == 0:
-            from streaming.base.util import clean_stale_shared_memory
+        # collective: local rank 0 cleans leaked shm, every rank joins a barrier
+        from streaming.base.util import clean_stale_shared_memory
 
-            clean_stale_shared_memory()
+        params["clean_shm"] = False
+        clean_stale_shared_memory()
     dist.barrier()
     dl = mod.loader(spec["out"], spec["batch_size"], spec["num_workers"], collate_ident, params)
     try:
-        declared = len(dl.dataset)  # type: ignore[attr-defined, arg-type]
+        declared = len(getattr(dl, "dataset"))  # noqa: B009 (peers return Any-typed loaders)
     except Exception:
         declared = None
     steps = 0
@@ -182,6 +181,10 @@ TASKS = {"build": task_build, "load": task_load, "ddp_rank": task_ddp_rank}
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
+    if spec.get("watchdog_s"):  # dump every thread's stack, then exit, if hung
+        import faulthandler
+
+        faulthandler.dump_traceback_later(spec["watchdog_s"], exit=True)
     try:
         res = TASKS[spec["task"]](spec)
         rc = 0

@@ -22,7 +22,8 @@ from typing import Any
 from bench.generate import list_raw
 from bench.peers.common import bytes_per_shard
 
-IMPORTS = ("litdata",)
+BUILD_IMPORTS = ("litdata",)  # timed as "import s" of a build
+LOAD_IMPORTS = ("litdata",)  # timed as "import s" of a load
 
 
 def _sample(item: tuple[str, int, str]) -> dict[str, Any]:
@@ -52,7 +53,9 @@ def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> d
         reorder_files=False,
         mode="overwrite",
         verbose=False,
-        start_method="fork",
+        # litdata's default start method (spawn outside notebooks): workers
+        # re-import torch + litdata, which is what users get
+        start_method=params.get("start_method"),
         **kw,
     )
     return {"files": len(glob.glob(os.path.join(out, "*.bin*")))}
@@ -81,6 +84,7 @@ def loader(
         shuffle=params.get("shuffle", True),
         seed=0,
     )
-    return StreamingDataLoader(
+    dl: Iterable[Any] = StreamingDataLoader(
         ds, batch_size=batch_size, num_workers=num_workers, collate_fn=collate
     )
+    return dl

@@ -18,7 +18,8 @@ from typing import Any
 from bench.generate import list_raw
 from bench.peers.common import bytes_per_shard
 
-IMPORTS = ("streaming",)
+BUILD_IMPORTS = ("streaming",)  # timed as "import s" of a build
+LOAD_IMPORTS = ("streaming", "torch.utils.data")  # timed as "import s" of a load
 NEEDS_TORCHVISION_STUB = True
 
 COLUMNS = {"key": "str", "data": "bytes", "cls": "int"}

@@ -10,7 +10,8 @@ from typing import Any
 from bench.generate import list_raw
 from bench.peers.common import per_shard
 
-IMPORTS = ("webdataset",)
+BUILD_IMPORTS = ("webdataset",)  # timed as "import s" of a build
+LOAD_IMPORTS = ("webdataset", "torch.utils.data")  # timed as "import s" of a load
 
 
 def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
