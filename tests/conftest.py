@@ -24,23 +24,27 @@ def payload(label: int, index: int) -> bytes:
     return head + bytes((index * 7 + k) % 251 for k in range(37 * (index % 23) + 5))
 
 
+def write_class_folders(root: Path, counts: dict[str, int], repeat: int = 1) -> Path:
+    """Write ``root/<class>/<index:05d>.bin`` holding ``payload(label, index) * repeat``.
+
+    Classes are numbered in sorted order, indices run over all classes.
+    """
+    index = 0
+    for label, (cls, count) in enumerate(sorted(counts.items())):
+        folder = root / cls
+        folder.mkdir(parents=True)
+        for _ in range(count):
+            (folder / f"{index:05d}.bin").write_bytes(payload(label, index) * repeat)
+            index += 1
+    return root
+
+
 @pytest.fixture
 def make_class_folders(tmp_path: Path) -> Callable[..., Path]:
-    """``make_class_folders({"cat": 7, "dog": 3})`` → a RAW folder with those counts.
-
-    Files are ``RAW/<class>/<index:05d>.bin`` holding ``payload(label, index)``.
-    """
+    """``make_class_folders({"cat": 7, "dog": 3})`` → a RAW folder with those counts."""
 
     def make(counts: dict[str, int], name: str = "raw") -> Path:
-        root = tmp_path / name
-        index = 0
-        for label, (cls, count) in enumerate(sorted(counts.items())):
-            folder = root / cls
-            folder.mkdir(parents=True)
-            for _ in range(count):
-                (folder / f"{index:05d}.bin").write_bytes(payload(label, index))
-                index += 1
-        return root
+        return write_class_folders(tmp_path / name, counts)
 
     return make
 
@@ -49,29 +53,17 @@ def make_class_folders(tmp_path: Path) -> Callable[..., Path]:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A built output: 3 classes (60/30/13 = 103 samples), 8 shards, plain tar."""
     base = tmp_path_factory.mktemp("built")
-    raw = base / "raw"
-    index = 0
-    for label, (cls, count) in enumerate([("a", 60), ("b", 30), ("c", 13)]):
-        (raw / cls).mkdir(parents=True)
-        for _ in range(count):
-            (raw / cls / f"{index:05d}.bin").write_bytes(payload(label, index))
-            index += 1
-    out = base / "out"
-    shardprep.build(str(raw), str(out), shards=8, workers=1, progress=False)
-    return out
+    raw = write_class_folders(base / "raw", {"a": 60, "b": 30, "c": 13})
+    shardprep.build(str(raw), str(base / "out"), shards=8, workers=1, progress=False)
+    return base / "out"
 
 
 @pytest.fixture(scope="session")
 def built_zstd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Like ``built`` but 1001 samples in 10 zstd shards (several frames per shard)."""
     base = tmp_path_factory.mktemp("built_zstd")
-    raw = base / "raw"
-    index = 0
-    for label, (cls, count) in enumerate([("a", 600), ("b", 300), ("c", 101)]):
-        (raw / cls).mkdir(parents=True)
-        for _ in range(count):
-            (raw / cls / f"{index:05d}.bin").write_bytes(payload(label, index) * 40)
-            index += 1
-    out = base / "out"
-    shardprep.build(str(raw), str(out), shards=10, workers=1, compression="zstd", progress=False)
-    return out
+    raw = write_class_folders(base / "raw", {"a": 600, "b": 300, "c": 101}, repeat=40)
+    shardprep.build(
+        str(raw), str(base / "out"), shards=10, workers=1, compression="zstd", progress=False
+    )
+    return base / "out"
