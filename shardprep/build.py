@@ -109,7 +109,9 @@ def _check_out(out: str, config: BuildConfig) -> None:
     """Refuse an unusable ``out`` before any work: a file, or non-empty without a flag."""
     if not os.path.exists(out):
         if config.resume:
-            raise InputError(f"{out}: no interrupted build to resume here; run without --resume", out)
+            raise InputError(
+                f"{out}: no interrupted build to resume here; run without --resume", out
+            )
         return
     if not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
@@ -110,7 +111,7 @@ def check_unique_keys(inventory: Inventory) -> None:
     Compares 64-bit hashes of the keys (8 bytes per sample, not a set of
     strings), then confirms a clash on the keys themselves.
     """
-    hashes = np.array(_key_hashes(inventory), dtype=np.int64)
+    hashes = _key_hashes(inventory)
     order = np.argsort(hashes, kind="stable")
     same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
     for pos in same:
@@ -121,18 +122,27 @@ def check_unique_keys(inventory: Inventory) -> None:
             )
 
 
-def _key_hashes(inventory: Inventory) -> list[int]:
-    """hash() of every sample's key as UTF-8 bytes.
+def _key_hashes(inventory: Inventory, chunk: int = 1 << 16) -> npt.NDArray[np.int64]:
+    """hash() of every sample's key as UTF-8 bytes, computed ``chunk`` samples at a time.
 
     For ASCII names the keys are computed with byte operations on the whole
     name blob (what ``key_from_stem`` does, without a str per sample).
+    Transient Python objects stay bounded by ``chunk``.
     """
-    if not inventory.stem_blob.isascii():
-        return [hash(inventory.key(i).encode()) for i in range(len(inventory))]
-    blob = inventory.stem_blob.translate(KEY_BYTES_TABLE)
-    ends = inventory.stem_end.tolist()
-    hashes = []
-    for start, end in zip([0, *ends[:-1]], ends, strict=True):
-        key = blob[start:end].replace(b"/", b"__")
-        hashes.append(hash(key if key[:1] not in (b"_", b"") else b"k" + key))
+    n = len(inventory)
+    hashes = np.empty(n, dtype=np.int64)
+    ascii_names = inventory.stem_blob.isascii()
+    blob = inventory.stem_blob.translate(KEY_BYTES_TABLE) if ascii_names else b""
+    for low in range(0, n, chunk):
+        high = min(n, low + chunk)
+        if not ascii_names:
+            hashes[low:high] = [hash(inventory.key(i).encode()) for i in range(low, high)]
+            continue
+        start = int(inventory.stem_end[low - 1]) if low else 0
+        values = []
+        for end in inventory.stem_end[low:high].tolist():
+            key = blob[start:end].replace(b"/", b"__")
+            values.append(hash(key if key[:1] not in (b"_", b"") else b"k" + key))
+            start = end
+        hashes[low:high] = values
     return hashes

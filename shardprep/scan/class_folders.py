@@ -52,15 +52,26 @@ def scan_class_folders(root: str, tick: Tick, workers: int = 1) -> Inventory:
     if workers > 1 and len(classes) > 1:
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            results = list(pool.map(_scan_class, jobs))
+            # Merged one at a time, in class order, so only one part is held besides the whole.
+            for part, part_problems in pool.map(_scan_class, jobs):
+                _merge(builder, problems, part, part_problems, tick)
     else:
-        results = [_scan_class(job) for job in jobs]
-    for part, part_problems in results:
-        builder.extend(part)
-        problems.items += part_problems.items
-        tick(len(part))
+        for job in jobs:
+            _merge(builder, problems, *_scan_class(job), tick)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
+
+
+def _merge(
+    builder: InventoryBuilder,
+    problems: Problems,
+    part: InventoryBuilder,
+    part_problems: Problems,
+    tick: Tick,
+) -> None:
+    builder.extend(part)
+    problems.items += part_problems.items
+    tick(len(part))
 
 
 def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:

@@ -76,11 +76,7 @@ def scan_keyed_files(root: str, tick: Tick) -> Inventory:
             "label every sample or none",
         )
     problems.raise_if_any()
-    if not len(labels):
-        return builder.freeze(None)
-    names, mapping = labels.finish()
-    builder.relabel(mapping)
-    return builder.freeze(names)
+    return labels.freeze(builder)
 
 
 def looks_keyed(root: str) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shardprep.inventory import Inventory, InventoryBuilder
+
 __all__ = ["LabelTable"]
 
 
@@ -45,3 +47,11 @@ class LabelTable:
         for provisional, text in enumerate(texts):
             mapping[provisional] = position[text]
         return names, mapping
+
+    def freeze(self, builder: InventoryBuilder) -> Inventory:
+        """The scanned inventory with final class indices, or unlabelled if no label was seen."""
+        if not len(self):
+            return builder.freeze(None)
+        names, mapping = self.finish()
+        builder.relabel(mapping)
+        return builder.freeze(names)

@@ -104,8 +104,4 @@ def scan_listing(
             listing, f"{unlabelled} row(s) have no label while others do; label all or none"
         )
     problems.raise_if_any()
-    if not len(labels):
-        return builder.freeze(None)
-    names, mapping = labels.finish()
-    builder.relabel(mapping)
-    return builder.freeze(names)
+    return labels.freeze(builder)

@@ -79,11 +79,7 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
     if len(labels) and unlabelled:
         problems.add(raw, f"{unlabelled} sample(s) have no .cls while others do; label all or none")
     problems.raise_if_any()
-    if not len(labels):
-        return builder.freeze(None)
-    names, mapping = labels.finish()
-    builder.relabel(mapping)
-    return builder.freeze(names)
+    return labels.freeze(builder)
 
 
 def _add(

@@ -6,6 +6,7 @@ Reads directory entries and stats files; never opens a file's data.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -60,25 +61,35 @@ def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[File
     """
     here = os.path.join(top, rel_dir) if rel_dir else top
     try:
-        with os.scandir(here) as it:
-            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        # Names only (not DirEntry objects): a folder of a million files stays small in memory.
+        names = sorted(name for name in os.listdir(here) if not name.startswith("."))
+        folder = os.open(here, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as err:
         problems.add(here, f"cannot list folder ({err.strerror})")
         return
     subdirs = []
-    for entry in entries:
-        try:
-            if entry.is_dir():
-                subdirs.append(entry.name)
+    try:
+        for name in names:
+            try:
+                info = os.stat(name, dir_fd=folder)
+            except FileNotFoundError:
+                path = os.path.join(here, name)
+                problems.add(
+                    path, "broken symlink" if os.path.islink(path) else "vanished during the scan"
+                )
                 continue
-            st = entry.stat()
-        except FileNotFoundError:
-            why = "broken symlink" if entry.is_symlink() else "vanished during the scan"
-            problems.add(entry.path, why)
-            continue
-        except OSError as err:
-            problems.add(entry.path, f"cannot stat ({err.strerror})")
-            continue
-        yield FileEntry(rel_dir, entry.name, st.st_size)
+            except OSError as err:
+                problems.add(os.path.join(here, name), f"cannot stat ({err.strerror})")
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                subdirs.append(name)
+            elif stat.S_ISREG(info.st_mode):
+                yield FileEntry(rel_dir, name, info.st_size)
+            else:
+                problems.add(
+                    os.path.join(here, name), "not a regular file (device, pipe or socket)"
+                )
+    finally:
+        os.close(folder)
     for name in subdirs:
         yield from walk_files(top, problems, f"{rel_dir}/{name}" if rel_dir else name)
