@@ -143,8 +143,12 @@ def _read_mapping(spec: str) -> dict[str, float]:
                     "or name=weight pairs such as 'cat=2,dog=1'"
                 )
             items.append((name.strip(), value.strip()))
-    result = {}
+    result: dict[str, float] = {}
     for name, value in items:
+        if str(name) in result:
+            raise PlanError(f"--class-weights names class {name!r} twice")
+        if isinstance(value, bool):
+            raise PlanError(f"--class-weights: weight of {name!r} is not a number: {value!r}")
         try:
             result[str(name)] = float(value)
         except (TypeError, ValueError) as err:

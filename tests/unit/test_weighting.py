@@ -414,3 +414,16 @@ def test_shuffle_apart_spreads_a_source_that_cannot_be_separated() -> None:
     source = np.array([0, 0, 0, 0, 1, 2])  # 4 of 6: at least one pair must touch
     placed = source[_shuffle_apart(np.arange(6), source, _Identity())]  # type: ignore[arg-type]
     assert placed.tolist() == [0, 1, 0, 2, 0, 0]  # one touching pair: the fewest possible
+
+
+@pytest.mark.parametrize("spec", ["a=1,a=2", "b=1, b =3"])
+def test_inline_spec_naming_a_class_twice_is_refused(spec: str) -> None:
+    with pytest.raises(PlanError, match="twice"):
+        parse_class_weights(spec, ("a", "b"), [3, 4])
+
+
+def test_json_booleans_are_not_weights(tmp_path: Path) -> None:
+    spec = tmp_path / "w.json"
+    spec.write_text('{"a": true, "b": 1}')
+    with pytest.raises(PlanError, match="not a number"):
+        parse_class_weights(str(spec), ("a", "b"), [3, 4])
