@@ -77,11 +77,12 @@ class Chunk:
 
     def sample(self, j: int) -> dict[str, Any]:
         """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``."""
-        out: dict[str, Any] = {field: values[j] for field, values in self.extra.items()}
+        extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
         if self._selection is not None:
             j = self._selection[j]
-        out["__key__"] = self._keys[j]
-        out["__padded__"] = self.padded
+        out: dict[str, Any] = {"__key__": self._keys[j], "__padded__": self.padded}
+        if extra:
+            out.update(extra)
         data, exts, offset, size, ext = (
             self._data,
             self._exts,

@@ -9,7 +9,6 @@ no I/O.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -262,10 +261,3 @@ class InventoryBuilder:
             if self._meta is not None
             else None,
         )
-
-    def iter_stems(self) -> Iterator[str]:
-        """Stems recorded so far, in order."""
-        start = 0
-        for end in self._stem_end:
-            yield self._stems[start:end].decode("utf-8", "surrogateescape")
-            start = end

@@ -23,6 +23,7 @@ from shardprep.inventory import SampleRef
 from shardprep.shardformat import (
     BLOCK,
     EOF_MARKER,
+    decode_index,
     encode_index,
     index_name,
     shard_name,
@@ -304,8 +305,6 @@ def record_from_files(out_dir: str, index: int, compression: str) -> ShardRecord
     Raises:
         ManifestError: the shard's index is unreadable.
     """
-    from shardprep.shardformat import decode_index
-
     path = os.path.join(out_dir, shard_name(index, compression))
     idx_path = os.path.join(out_dir, index_name(index))
     with open(idx_path, "rb") as f:
