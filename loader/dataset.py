@@ -1,31 +1,41 @@
 """ShardDataset: a torch IterableDataset over a shardprep output, exact per rank and resumable.
 
-Composes the loader's stages; each line of ``__iter__`` is one stage. The
-object is small and picklable: it reads the manifest (and nothing else) in
-``__init__``, and opens shard files lazily inside each DataLoader worker.
+Composes the loader's stages; each line of ``items`` is one stage. The object
+is small and picklable: it reads the manifest (and nothing else) in
+``__init__``, opens shard files lazily inside each DataLoader worker, and
+resolves its rank when an epoch starts (``loader.world``), never earlier.
 """
 
 from __future__ import annotations
 
-import mmap
-import struct
 from collections.abc import Callable, Iterator, Mapping
+from itertools import count, islice
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch.utils.data
 
+from loader.batch import POSITION, collate_samples
 from loader.decode import make_decoder
+from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.order import epoch_order
-from loader.partition import Uneven, partition, samples_per_rank, slot_counts
+from loader.partition import (
+    Uneven,
+    batch_slot_counts,
+    batches_per_rank,
+    partition,
+    samples_per_rank,
+    slot_counts,
+)
 from loader.read import ShardReader
 from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, windowed_stream
 from loader.source import Source
-from loader.state import STATE_VERSION, check_state, replay
-from loader.world import World, detect_rank
+from loader.state import STATE_VERSION, check_state
+from loader.stream import EpochStream
+from loader.world import World, resolve_rank, worker_info
 from shardprep.shardformat import ShardIndex
 
 __all__ = ["ShardDataset"]
@@ -34,23 +44,39 @@ __all__ = ["ShardDataset"]
 class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Stream the samples of a shardprep output to one DDP rank and its DataLoader workers.
 
-    Every rank yields exactly ``len(self)`` samples per epoch, and with a
-    DataLoader ``batch_size`` exactly the same number of batches, for any
-    shard count, world size and ``num_workers``. The order is a pure function
-    of (manifest, seed, epoch, world size, workers); call ``set_epoch(e)``
-    before each epoch for a new order.
+    With ``batch_size=B`` the dataset yields whole batches (``loader.batch.Batch``
+    dicts) and the DataLoader is made with ``batch_size=None``::
+
+        ds = ShardDataset("OUT", batch_size=64)
+        loader = DataLoader(ds, batch_size=None, num_workers=4)   # or StatefulDataLoader
+
+    Then ``len(loader) == len(ds)`` is exactly the number of batches every
+    rank receives per epoch, for any shard count, world size, ``num_workers``
+    and ``drop_last``; only the epoch's last batch can be partial. Without a
+    batch size the dataset yields single samples and has no ``len()`` (a
+    DataLoader batching them with several workers would make up to
+    ``num_workers - 1`` more batches than ``ceil(len / B)``); ``num_samples``
+    is the per-rank sample count either way.
+
+    The order is a pure function of (manifest, seed, epoch, world size,
+    workers, batch size). Each new iteration streams the next epoch by
+    itself; ``set_epoch(e)`` picks one explicitly (the latest call wins).
 
     Args:
         path: the output folder (or a URL, read through fsspec).
+        batch_size: yield batches of this many samples (see above).
+        drop_last: with ``batch_size``, leave out each rank's last partial batch.
         seed: seeds every random choice; fixed default, never random.
         shuffle: permute blocks of samples each epoch and shuffle inside a
             bounded window; ``False`` streams shards in order.
         uneven: ``"drop"`` leaves out fewer than ``world_size`` samples per
             epoch; ``"pad"`` repeats samples to fill, flagged ``__padded__``.
         rank, world_size: override ``torch.distributed`` (pass both or neither).
-        decode: ``False`` yields raw bytes; ``True`` decodes common extensions;
+        decode: ``False`` yields raw bytes; ``True`` decodes common extensions
+            (``.cls`` to int, ``.npy`` to arrays, images to uint8 CHW tensors);
             a mapping ``{ext: fn}`` adds or replaces decoders.
-        transform: applied to each (decoded) sample dict.
+        transform: applied to each (decoded) sample dict; with ``batch_size``
+            it must return a dict.
         shuffle_buffer, shuffle_buffer_bytes: the shuffle window's bounds, in
             samples and bytes; also the worker's memory bound.
         block_size: samples per block of the epoch order.
@@ -69,6 +95,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self,
         path: str,
         *,
+        batch_size: int | None = None,
+        drop_last: bool = False,
         seed: int = 0,
         shuffle: bool = True,
         uneven: str = "drop",
@@ -91,10 +119,18 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"seed must be non-negative, not {seed}")
         if min(shuffle_buffer, shuffle_buffer_bytes, block_size) < 1:
             raise ValueError("shuffle_buffer, shuffle_buffer_bytes and block_size must be positive")
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if drop_last and batch_size is None:
+            raise ValueError("drop_last needs a batch_size")
         self.source = Source(path)
         self.manifest = self.source.manifest()
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.seed, self.shuffle, self.uneven = seed, shuffle, Uneven(uneven)
-        self.rank, self.world_size = detect_rank(rank, world_size)
+        if rank is not None or world_size is not None:
+            resolve_rank(rank, world_size)  # validates an explicit pair now
+        self._rank_override = (rank, world_size)
+        self._inherited_rank: tuple[int, int] | None = None
         self.decode, self.transform, self.allow_pickle = decode, transform, allow_pickle
         self.shuffle_buffer, self.shuffle_buffer_bytes = shuffle_buffer, shuffle_buffer_bytes
         self.block_size, self.verify = block_size, verify
@@ -114,67 +150,110 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             if resample:
                 self._sizes = self._reweighting.shard_sizes()
         self._total = sum(self._sizes)
-        samples_per_rank(self._total, self.world_size, self.uneven)  # fails early if impossible
-        # The epoch lives in a shared anonymous page, so persistent DataLoader
-        # workers (forked once) see set_epoch() calls made later in the parent.
-        self._epoch_cell: mmap.mmap | None = mmap.mmap(-1, 8)
-        self._epoch = 0
-        self._resume: dict[str, Any] | None = None
+        if rank is not None and world_size is not None:
+            samples_per_rank(self._total, world_size, self.uneven)  # fails early if impossible
+        self.progress = SharedProgress()
 
-    # --- epoch and length ---------------------------------------------------------
+    # --- world, epoch and length ----------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, resolved now (see ``loader.world.resolve_rank``)."""
+        return self._world()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, resolved now."""
+        return self._world()[1]
+
+    def _world(self) -> tuple[int, int]:
+        return resolve_rank(*self._rank_override, self._inherited_rank)
 
     @property
     def epoch(self) -> int:
-        """The epoch whose order is streamed next (set with :meth:`set_epoch`)."""
-        if self._epoch_cell is not None:
-            return int(struct.unpack_from("<q", self._epoch_cell)[0])
-        return self._epoch
+        """The epoch the next iteration streams."""
+        return self.progress.next_epoch()
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration, as with DistributedSampler.
+        """Stream ``epoch`` next (as ``DistributedSampler.set_epoch``), in every worker.
 
-        A loaded resume state applies only to its own epoch.
+        Without calls, each iteration streams the epoch after the previous one.
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
-        self._epoch = epoch
-        if self._epoch_cell is not None:
-            struct.pack_into("<q", self._epoch_cell, 0, epoch)
-        if self._resume is not None and self._resume["epoch"] != epoch:
-            self._resume = None
+        self.progress.set_epoch(epoch)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples every rank receives per epoch (before a ``drop_last`` of its last batch)."""
+        return samples_per_rank(self._total, self.world_size, self.uneven)
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch (the same on every rank)."""
-        return samples_per_rank(self._total, self.world_size, self.uneven)
+        """Batches every rank yields per epoch (needs ``batch_size``).
+
+        Raises:
+            TypeError: no ``batch_size``: the number of batches is the
+                DataLoader's, which cannot count it exactly with several workers.
+        """
+        if self.batch_size is None:
+            raise TypeError(
+                "ShardDataset has no len() without batch_size: a DataLoader that batches single "
+                "samples from several workers makes more batches than len() would say. Use "
+                "ShardDataset(..., batch_size=B) with DataLoader(ds, batch_size=None), or "
+                "ds.num_samples for the per-rank sample count"
+            )
+        return batches_per_rank(self.num_samples, self.batch_size, self.drop_last)
 
     # --- iteration ----------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
-        epoch = self.epoch
-        # → which rank and worker slot this is (slots rotate after a resume, see state.replay)
-        world, skip = self._world_and_skip(epoch)
+    def __iter__(self) -> EpochStream:
+        worker, num_workers = worker_info()
+        in_worker = torch.utils.data.get_worker_info() is not None
+        rank, world_size = self._world()
+        epoch = self.progress.claim(worker if in_worker else None)
+        return EpochStream(self, epoch, World(rank, world_size, worker, num_workers), in_worker)
+
+    def items(self, epoch: int, world: World, skip: int) -> Iterator[Any]:
+        """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones."""
+        per_rank = samples_per_rank(self._total, world.world_size, self.uneven)
+        batch = self.batch_size
         # → the epoch's block order, identical on every rank and worker
         order = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
-        # → this (rank, slot)'s sample ranges: equal counts per rank and per worker slot
-        pieces = partition(order, self._total, world, self.uneven)
+        # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
+        if batch is None:
+            counts = slot_counts(per_rank, world.num_workers)
+        else:
+            counts = batch_slot_counts(per_rank, world.num_workers, batch, self.drop_last)
+        pieces = partition(order, self._total, world, self.uneven, counts)
         reader = ShardReader(self.source, self.manifest, self.verify, self._expander(epoch))
         decoder = make_decoder(self.decode, self.allow_pickle)
         try:
             # → raw samples, read window by window and shuffled inside each window
-            for sample in windowed_stream(
+            samples = windowed_stream(
                 pieces,
                 reader,
                 shuffle=self.shuffle,
                 rng_key=(self.seed, epoch, world.rank, world.worker),
-                skip=skip,
+                skip=skip if batch is None else skip * batch,
                 max_samples=self.shuffle_buffer,
                 max_bytes=self.shuffle_buffer_bytes,
                 policy=ErrorPolicy(self.on_error, self.max_consecutive_errors),
-            ):
-                # → decoded and transformed samples
-                if decoder is not None:
-                    sample = decoder(sample)
-                yield sample if self.transform is None else self.transform(sample)
+            )
+            # → decoded and transformed samples
+            if decoder is not None:
+                samples = map(decoder, samples)
+            if self.transform is not None:
+                samples = map(self.transform, samples)
+            if batch is None:
+                yield from samples
+                return
+            # → whole batches: this slot's j-th is the rank's batch j * num_workers + slot
+            for j in count(skip):
+                chunk = list(islice(samples, batch))
+                if not chunk:
+                    return
+                position = {"epoch": epoch, "batch": j * world.num_workers + world.worker}
+                yield collate_samples(chunk, {**position, "num_workers": world.num_workers})
         finally:
             reader.close()
 
@@ -202,7 +281,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     # --- resume -------------------------------------------------------------------
 
-    def _fields(self) -> dict[str, Any]:
+    def fingerprint(self, num_workers: int) -> dict[str, Any]:
+        """The options a resume state must share with this run (they fix the order)."""
         return {
             "version": STATE_VERSION,
             "manifest": self.manifest.fingerprint,
@@ -215,95 +295,65 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "class_weights": None
             if self.class_weights is None
             else f"{self.class_weights} resample={self.resample}",
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
             "world_size": self.world_size,
-        }
-
-    def state_dict(
-        self,
-        batches: int,
-        dataloader: torch.utils.data.DataLoader | None = None,  # type: ignore[type-arg]
-    ) -> dict[str, Any]:
-        """The position after ``batches`` batches of the current epoch came out of ``dataloader``.
-
-        Without a dataloader, ``batches`` counts samples taken by iterating the
-        dataset directly. The result is a small JSON-able dict, the same on every
-        rank; save it with the checkpoint and pass it to :meth:`load_state_dict`.
-        """
-        num_workers = max(1, dataloader.num_workers) if dataloader is not None else 1
-        batch_size = (dataloader.batch_size or 1) if dataloader is not None else 1
-        drop_last = bool(dataloader.drop_last) if dataloader is not None else False
-        counts = slot_counts(len(self), num_workers)
-        consumed, next_slot = replay(batches, counts, batch_size, drop_last)
-        resumed = self._resume
-        if resumed is not None and resumed["epoch"] == self.epoch:
-            # ``batches`` counts from the resumed iteration: add what came before it.
-            if resumed["num_workers"] != num_workers:
-                raise IncompatibleStateError.field_differs(
-                    "num_workers", resumed["num_workers"], num_workers
-                )
-            start = resumed["next_slot"]
-            shifted, next_position = replay(
-                batches, self._remaining(resumed), batch_size, drop_last
-            )
-            consumed = list(resumed["consumed"])
-            for position, slot in enumerate(self._rotation(start, num_workers)):
-                consumed[slot] += shifted[position]
-            next_slot = (start + next_position) % num_workers
-        return {
-            **self._fields(),
-            "epoch": self.epoch,
             "num_workers": num_workers,
-            "consumed": consumed,
-            "next_slot": next_slot,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`'s result: the next iteration of that epoch continues there.
+    def state_after(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The resume state once ``batch`` (one this dataset yielded) has been trained on.
 
-        Call it before creating the DataLoader iterator. It also sets the epoch.
+        For a plain ``torch.utils.data.DataLoader``: the position is read off
+        the batch itself, so it is right whatever the caller counted. Save
+        the small JSON-able dict with the checkpoint (it is the same on every
+        rank) and pass it to :meth:`resume`. With torchdata's
+        ``StatefulDataLoader`` use its ``state_dict()`` instead.
+
+        Raises:
+            TypeError: ``batch`` did not come from a ShardDataset with a batch size.
+        """
+        position = batch.get(POSITION) if isinstance(batch, Mapping) else None
+        if not isinstance(position, Mapping):
+            raise TypeError(
+                "state_after() needs a batch yielded by ShardDataset(batch_size=...) (it carries "
+                f"{POSITION!r}); without a batch size, resume through torchdata's "
+                "StatefulDataLoader"
+            )
+        return {
+            **self.fingerprint(int(position["num_workers"])),
+            "epoch": int(position["epoch"]),
+            "batches": int(position["batch"]) + 1,
+        }
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_after`'s result: the next pass streams the rest of that epoch.
+
+        Call it before iterating the DataLoader (it reaches persistent workers
+        too). The epochs after it follow as usual.
 
         Raises:
             IncompatibleStateError: the state is from another build, seed,
-                option set or world size.
+                option set, batch size or world size; or it is past the epoch's end.
         """
-        check_state(state, self._fields())
-        self.set_epoch(int(state["epoch"]))
-        self._resume = dict(state)
-
-    def _world_and_skip(self, epoch: int) -> tuple[World, int]:
-        """This process's World (worker → slot) and how many of its samples to skip."""
-        world = World.for_worker(self.rank, self.world_size)
-        state = self._resume
-        if state is None or state["epoch"] != epoch:
-            return world, 0
-        if state["num_workers"] != world.num_workers:
+        if not isinstance(state, Mapping) or "num_workers" not in state:
+            raise IncompatibleStateError("cannot resume: not a state from ShardDataset.state_after")
+        check_state(state, self.fingerprint(state["num_workers"]), ("epoch", "batches"))
+        if self.batch_size is None or state["batches"] > len(self):
             raise IncompatibleStateError.field_differs(
-                "num_workers",
-                state["num_workers"],
-                world.num_workers,
-                "create the DataLoader with the same num_workers as when the state was saved",
+                "batches", state["batches"], f"at most {len(self) if self.batch_size else 0}"
             )
-        slot = (state["next_slot"] + world.worker) % world.num_workers
-        world = World(world.rank, world.world_size, slot, world.num_workers)
-        return world, int(state["consumed"][slot])
-
-    @staticmethod
-    def _rotation(start: int, num_workers: int) -> list[int]:
-        """Slots served by DataLoader workers 0, 1, ... after a resume that starts at ``start``."""
-        return [(start + i) % num_workers for i in range(num_workers)]
-
-    def _remaining(self, state: Mapping[str, Any]) -> list[int]:
-        """Samples each resumed DataLoader worker still had to deliver, in worker order."""
-        counts = slot_counts(len(self), state["num_workers"])
-        rotation = self._rotation(state["next_slot"], state["num_workers"])
-        return [counts[slot] - state["consumed"][slot] for slot in rotation]
+        self.progress.set_resume(
+            ResumePoint(int(state["epoch"]), int(state["batches"]), int(state["num_workers"]))
+        )
 
     # --- pickling (DataLoader workers) -------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_epoch"] = self.epoch
-        state["_epoch_cell"] = (
-            None  # an anonymous mapping cannot be pickled; forked workers share it
-        )
+        # A spawned or forkserver worker has no process group: hand it the rank resolved here.
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            state["_inherited_rank"] = (dist.get_rank(), dist.get_world_size())
         return state

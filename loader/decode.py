@@ -28,13 +28,25 @@ def _npy(data: bytes) -> Any:
 
 
 def _image(data: bytes) -> Any:
+    """A uint8 tensor of shape (channels, height, width), as torchvision's ``decode_image``."""
     try:
         from PIL import Image
     except ImportError as err:
         raise ImportError("decoding images needs Pillow: pip install pillow") from err
+    import numpy as np
+    import torch
+
     with Image.open(io.BytesIO(data)) as image:
-        image.load()
-        return image
+        if image.mode in ("1", "P", "CMYK", "YCbCr", "LAB", "HSV"):
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        elif image.mode not in ("L", "LA", "RGB", "RGBA"):
+            raise ValueError(
+                f"a {image.mode} image has no 8-bit tensor form: pass decode={{ext: fn}} for it"
+            )
+        pixels = np.array(image)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
 def _pickle(data: bytes) -> Any:
@@ -50,7 +62,7 @@ def _torch(data: bytes) -> Any:
 
 
 def default_decoders() -> dict[str, Callable[[bytes], Any]]:
-    """The built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→PIL."""
+    """Built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→uint8 CHW tensor."""
     decoders: dict[str, Callable[[bytes], Any]] = {
         "cls": lambda b: int(b),
         "txt": lambda b: b.decode("utf-8"),

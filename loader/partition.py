@@ -4,9 +4,12 @@ Invariants, for every world shape and dataset size:
 
 * every rank gets exactly ``samples_per_rank`` samples, so DDP never waits on
   a rank that ran out of data;
-* worker slot ``w`` gets the same count on every rank (counts of slots differ
-  by at most one), so a DataLoader with any ``batch_size`` yields the same
-  number of batches on every rank;
+* worker slot ``w`` gets the same count on every rank, so every rank yields
+  the same number of batches;
+* with a batch size, slot counts are whole batches (batch ``i`` of a rank is
+  made by slot ``i % num_workers``), so only the epoch's last batch can be
+  partial and the DataLoader's round-robin over workers delivers batches
+  ``0, 1, 2, ...`` in order: ``len(loader)`` is exactly what arrives;
 * pieces are disjoint and, apart from padding or the dropped tail, cover the
   epoch exactly once.
 
@@ -25,7 +28,14 @@ from loader.errors import WorldMismatchError
 from loader.order import SampleRange
 from loader.world import World
 
-__all__ = ["Uneven", "partition", "samples_per_rank", "slot_counts"]
+__all__ = [
+    "Uneven",
+    "batch_slot_counts",
+    "batches_per_rank",
+    "partition",
+    "samples_per_rank",
+    "slot_counts",
+]
 
 
 class Uneven(str, Enum):
@@ -57,12 +67,43 @@ def slot_counts(per_rank: int, num_workers: int) -> list[int]:
     return [base + (1 if w < extra else 0) for w in range(num_workers)]
 
 
+def batches_per_rank(per_rank: int, batch_size: int, drop_last: bool) -> int:
+    """Batches every rank yields per epoch: the last one partial unless ``drop_last``."""
+    return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+
+
+def batch_slot_counts(
+    per_rank: int, num_workers: int, batch_size: int, drop_last: bool
+) -> list[int]:
+    """Samples of each worker slot when slot ``w`` makes batches ``w, w + num_workers, ...``.
+
+    Every slot holds whole batches except the one that makes the epoch's last,
+    partial batch; with ``drop_last`` that partial batch's samples are left out.
+    """
+    full, rest = divmod(per_rank, batch_size)
+    counts = [batch_size * len(range(w, full, num_workers)) for w in range(num_workers)]
+    if rest and not drop_last:
+        counts[full % num_workers] += rest
+    return counts
+
+
 def partition(
-    order: Sequence[SampleRange], total: int, world: World, uneven: Uneven | str
+    order: Sequence[SampleRange],
+    total: int,
+    world: World,
+    uneven: Uneven | str,
+    counts: Sequence[int] | None = None,
 ) -> list[SampleRange]:
-    """This (rank, worker)'s ranges, in stream order."""
+    """This (rank, worker)'s ranges, in stream order.
+
+    ``counts`` are the samples of each worker slot (``slot_counts`` or
+    ``batch_slot_counts``); by default the rank's share split evenly.
+    """
     per_rank = samples_per_rank(total, world.world_size, uneven)
-    counts = slot_counts(per_rank, world.num_workers)
+    if counts is None:
+        counts = slot_counts(per_rank, world.num_workers)
+    if len(counts) != world.num_workers or sum(counts) > per_rank:
+        raise WorldMismatchError(f"slot counts {list(counts)} do not fit {world}")
     start = world.rank * per_rank + sum(counts[: world.worker])
     return slice_order(order, total, start, start + counts[world.worker])
 

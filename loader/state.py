@@ -1,101 +1,82 @@
-"""State: the resume position as a few numbers, and the arithmetic that maps batches to it. Pure.
+"""State: resume positions as a few numbers, their validation, and the arithmetic behind them. Pure.
 
-A state says "epoch e, and worker slot w has consumed c_w samples". It is the
-same on every rank (ranks consume in lockstep), so any rank may save it. The
-per-slot counts come from replaying how ``torch.utils.data.DataLoader`` takes
-batches from an IterableDataset's workers: in turn, worker 0, 1, ..., skipping
-workers that have run out. Everything else (order, partition, windows) is
-recomputed from the seed on resume.
+Two positions exist, one per way of resuming:
+
+* **A worker's position** (torchdata's ``StatefulDataLoader`` protocol): the
+  epoch, the worker slot and how many items (batches, or samples without a
+  batch size) that slot has yielded. torchdata saves one per worker and
+  restores the DataLoader's worker rotation itself.
+* **A rank's position** (plain ``torch.utils.data.DataLoader``): the epoch and
+  how many batches of it were consumed, read off the last batch itself
+  (``ShardDataset.state_after(batch)``), so no caller-side count can be wrong.
+  On resume, DataLoader worker ``d`` takes over slot ``(batches + d) % K`` and
+  skips the batches that slot had already made (``rank_resume``): the
+  restarted round-robin then delivers exactly the remaining batches in order.
+
+Both carry the options that fix the order (manifest fingerprint, seed,
+shuffle, window, batch size, world size, ...); loading a state made under
+other options raises ``IncompatibleStateError`` naming the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from loader.errors import IncompatibleStateError
 
-__all__ = ["STATE_VERSION", "check_state", "consumed_per_slot", "replay"]
+__all__ = ["STATE_VERSION", "check_state", "rank_resume"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
-# Fields that must be equal between the saved state and the run that loads it.
-MUST_MATCH = (
-    "manifest",
-    "seed",
-    "shuffle",
-    "uneven",
-    "block_size",
-    "shuffle_buffer",
-    "shuffle_buffer_bytes",
-    "class_weights",
-    "world_size",
-)
+_HINTS = {
+    "manifest": "the state was saved for another build of the data",
+    "world_size": "resume with the same number of ranks (elastic re-splitting is not supported)",
+    "num_workers": "create the DataLoader with the same num_workers as when the state was saved",
+    "batch_size": "create the ShardDataset with the same batch_size as when the state was saved",
+}
 
 
-def _batches_of(count: int, batch_size: int, drop_last: bool) -> int:
-    return count // batch_size if drop_last else -(-count // batch_size)
+def rank_resume(batches: int, num_workers: int, worker: int) -> tuple[int, int]:
+    """(slot, batches to skip) for DataLoader worker ``worker`` after ``batches`` consumed batches.
+
+    Batch ``i`` of a rank's epoch is made by slot ``i % num_workers``. The
+    restarted DataLoader asks worker 0 first, so worker ``d`` plays slot
+    ``(batches + d) % num_workers``, which had made every batch ``i <
+    batches`` with ``i % num_workers == slot``.
+    """
+    if batches < 0 or not 0 <= worker < num_workers:
+        raise ValueError(f"bad resume position: {batches} batches, worker {worker}/{num_workers}")
+    slot = (batches + worker) % num_workers
+    return slot, len(range(slot, batches, num_workers))
 
 
-def consumed_per_slot(
-    batches: int, slot_counts: Sequence[int], batch_size: int, drop_last: bool = False
-) -> list[int]:
-    """Samples each worker slot had produced once ``batches`` batches were consumed."""
-    return replay(batches, slot_counts, batch_size, drop_last)[0]
-
-
-def replay(
-    batches: int, slot_counts: Sequence[int], batch_size: int, drop_last: bool = False
-) -> tuple[list[int], int]:
-    """(samples consumed per slot, slot that delivers the next batch) after ``batches`` batches.
-
-    DataLoader takes batches from its workers in a fixed cycle 0, 1, ...,
-    skipping workers that have run out. After a resume the DataLoader starts
-    its cycle at worker 0 again, so the dataset maps worker ``i`` to slot
-    ``(next_slot + i) % num_workers``: the resumed cycle then visits the slots
-    in the same order as the uninterrupted run would have.
+def check_state(
+    saved: Mapping[str, Any], current: Mapping[str, Any], required: tuple[str, ...]
+) -> None:
+    """Raise IncompatibleStateError naming the first field of ``current`` that ``saved`` contradicts.
 
     Raises:
-        ValueError: ``batches`` is more than the epoch has.
+        IncompatibleStateError: another version or dataset, other options,
+            or one of the ``required`` position fields missing.
     """
-    per_worker = [_batches_of(c, batch_size, drop_last) for c in slot_counts]
-    if batches > sum(per_worker):
-        raise ValueError(f"{batches} batches consumed, but the epoch has only {sum(per_worker)}")
-    taken = [0] * len(per_worker)
-    remaining = batches
-    while remaining:
-        active = [w for w, b in enumerate(per_worker) if taken[w] < b]
-        rounds = min(per_worker[w] - taken[w] for w in active)
-        if remaining >= rounds * len(active):
-            for w in active:
-                taken[w] += rounds
-            remaining -= rounds * len(active)
-            continue
-        full, partial = divmod(remaining, len(active))
-        for position, w in enumerate(active):
-            taken[w] += full + (1 if position < partial else 0)
-        remaining = 0
-    consumed = [min(t * batch_size, c) for t, c in zip(taken, slot_counts, strict=True)]
-    active = [w for w, b in enumerate(per_worker) if taken[w] < b]
-    # Active slots that already took this round's batch have one more than the rest.
-    next_slot = min(active, key=lambda w: (taken[w], w)) if active else 0
-    return consumed, next_slot
-
-
-def check_state(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """Raise IncompatibleStateError naming the first field that differs.
-
-    Raises:
-        IncompatibleStateError: other version, dataset, seed, options or world size.
-    """
+    if not isinstance(saved, Mapping):
+        raise IncompatibleStateError(
+            f"cannot resume: a state is a dict, not {type(saved).__name__}"
+        )
     if saved.get("version") != STATE_VERSION:
-        raise IncompatibleStateError.field_differs("version", saved.get("version"), STATE_VERSION)
-    hints = {
-        "manifest": "the state was saved for another build of the data",
-        "world_size": "resume with the same number of ranks (elastic re-splitting is not supported)",
-    }
-    for field in MUST_MATCH:
-        if saved.get(field) != current.get(field):
+        raise IncompatibleStateError.field_differs(
+            "version", saved.get("version"), STATE_VERSION, "the state comes from another release"
+        )
+    for field, value in current.items():
+        if saved.get(field) != value:
             raise IncompatibleStateError.field_differs(
-                field, saved.get(field), current.get(field), hints.get(field, "")
+                field, saved.get(field), value, _HINTS.get(field, "")
+            )
+    for field in required:
+        if not isinstance(saved.get(field), int) or saved[field] < 0:
+            raise IncompatibleStateError(
+                f"cannot resume: the state's {field!r} is {saved.get(field)!r}, not a count",
+                field=field,
+                saved=saved.get(field),
             )

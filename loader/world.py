@@ -1,17 +1,20 @@
 """World: which rank and DataLoader worker this copy of the dataset is, as a plain value.
 
 Partitioning takes a World so tests can enumerate every (rank, worker) in one
-process; ``detect_rank()`` and ``World.for_worker()`` read the real values from
-``torch.distributed`` and ``torch.utils.data.get_worker_info()``.
+process. ``resolve_rank()`` reads the real rank when it is needed (when an
+epoch starts, or ``len()`` is asked), never when the dataset is built: a
+dataset made before ``init_process_group`` (in a LightningModule's
+``__init__``, say) still splits by the rank it ends up running on.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from loader.errors import WorldMismatchError
 
-__all__ = ["World", "detect_rank"]
+__all__ = ["World", "resolve_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,22 +38,28 @@ class World:
         if not 0 <= self.worker < self.num_workers:
             raise WorldMismatchError(f"worker {self.worker} is not in [0, {self.num_workers})")
 
-    @classmethod
-    def for_worker(cls, rank: int, world_size: int) -> World:
-        """This process's World: the given rank plus the DataLoader worker, if any."""
-        import torch.utils.data
 
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return cls(rank, world_size, 0, 1)
-        return cls(rank, world_size, info.id, info.num_workers)
+def worker_info() -> tuple[int, int]:
+    """(worker id, number of workers) of this DataLoader worker; (0, 1) in the main process."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
 
 
-def detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """(rank, world_size): explicit values win, else torch.distributed, else (0, 1).
+def resolve_rank(
+    rank: int | None, world_size: int | None, inherited: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """(rank, world_size) now: explicit values, else torch.distributed, else the parent's, else (0, 1).
+
+    ``inherited`` is what the main process had resolved when it handed the
+    dataset to a spawned DataLoader worker (which has no process group).
 
     Raises:
-        WorldMismatchError: only one of the two is given, or they disagree.
+        WorldMismatchError: only one of rank/world_size given, or the process
+            was launched as one of several ranks (``WORLD_SIZE`` > 1) but
+            ``torch.distributed`` is not initialized yet: guessing rank 0
+            would give every rank the same data.
     """
     if (rank is None) != (world_size is None):
         raise WorldMismatchError("pass both rank and world_size, or neither")
@@ -61,4 +70,13 @@ def detect_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    if inherited is not None:
+        return inherited
+    launched = os.environ.get("WORLD_SIZE", "1")
+    if launched.isdigit() and int(launched) > 1:
+        raise WorldMismatchError(
+            f"this process was launched as one of WORLD_SIZE={launched} ranks, but "
+            "torch.distributed is not initialized yet, so its rank is unknown: iterate (or ask "
+            "len()) after init_process_group, or pass rank= and world_size= explicitly"
+        )
     return 0, 1

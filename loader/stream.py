@@ -1,0 +1,93 @@
+"""Stream: one worker's pass over one epoch, as a resumable iterator.
+
+``iter(ShardDataset)`` returns an ``EpochStream``. It is what torchdata's
+``StatefulDataLoader`` checkpoints: it has ``state_dict()`` and
+``load_state_dict()`` and is created before its first item is asked for
+(torchdata calls ``iter(dataset)``, restores the state, then iterates). The
+state is the worker's position, a few numbers (see ``loader.state``); nothing
+is read until the first ``next()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from loader.errors import IncompatibleStateError
+from loader.state import check_state, rank_resume
+from loader.world import World
+
+if TYPE_CHECKING:
+    from loader.dataset import ShardDataset
+
+__all__ = ["EpochStream"]
+
+_POSITION = ("epoch", "slot", "yielded")
+
+
+class EpochStream:
+    """Items (batches, or samples without a batch size) of one worker slot in one epoch."""
+
+    def __init__(self, dataset: ShardDataset, epoch: int, world: World, in_worker: bool) -> None:
+        self._dataset = dataset
+        self._world = world  # .worker is the DataLoader worker id
+        self._in_worker = in_worker
+        self._epoch = epoch
+        self._slot, self._yielded = world.worker, 0
+        point = dataset.progress.resume_for(epoch)
+        if point is not None:
+            if point.num_workers != world.num_workers:
+                raise IncompatibleStateError.field_differs(
+                    "num_workers",
+                    point.num_workers,
+                    world.num_workers,
+                    "create the DataLoader with the same num_workers as when the state was saved",
+                )
+            self._slot, self._yielded = rank_resume(point.batches, point.num_workers, world.worker)
+        self._items: Iterator[Any] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this stream yields."""
+        return self._epoch
+
+    def __iter__(self) -> EpochStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._items is None:
+            slot_world = World(
+                self._world.rank, self._world.world_size, self._slot, self._world.num_workers
+            )
+            self._items = self._dataset.items(self._epoch, slot_world, self._yielded)
+        item = next(self._items)
+        self._yielded += 1
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's position: a small JSON-able dict (torchdata calls it on every batch)."""
+        return {
+            **self._dataset.fingerprint(self._world.num_workers),
+            "epoch": self._epoch,
+            "slot": self._slot,
+            "yielded": self._yielded,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s result; only before the first item.
+
+        Raises:
+            IncompatibleStateError: the state is from another build, options,
+                world size or number of workers.
+        """
+        if self._items is not None:
+            raise RuntimeError("load_state_dict() must come before the stream's first item")
+        check_state(state, self._dataset.fingerprint(self._world.num_workers), _POSITION)
+        if state["slot"] >= self._world.num_workers:
+            raise IncompatibleStateError.field_differs(
+                "slot", state["slot"], f"< {self._world.num_workers}"
+            )
+        self._epoch, self._slot, self._yielded = (int(state[f]) for f in _POSITION)
+        self._dataset.progress.continue_after(
+            self._world.worker if self._in_worker else None, self._epoch
+        )
