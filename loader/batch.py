@@ -58,22 +58,21 @@ def collate_samples(samples: Sequence[Mapping[str, Any]], position: dict[str, in
 
 def _collate_field(values: list[Any]) -> Any:
     first = values[0]
-    if isinstance(first, (bool, int, float)) and all(
-        type(v) is type(first) for v in values
-    ):
-        return default_collate(values)
+    if isinstance(first, (bool, int, float)) and all(type(v) is type(first) for v in values):
+        return default_collate(values)  # type: ignore[no-untyped-call]
     numeric = isinstance(first, torch.Tensor) or (
         isinstance(first, np.ndarray) and first.dtype.kind in "biuf"
     )
     if numeric and all(
-        type(v) is type(first) and v.shape == first.shape and v.dtype == first.dtype
-        for v in values
+        type(v) is type(first) and v.shape == first.shape and v.dtype == first.dtype for v in values
     ):
-        return default_collate(values)
+        return default_collate(values)  # type: ignore[no-untyped-call]
     return list(values)
 
 
-def _refuse_rebatch(batch: list[Batch], *, collate_fn_map: Mapping[Any, Callable[..., Any]] | None = None) -> Any:
+def _refuse_rebatch(
+    batch: list[Batch], *, collate_fn_map: Mapping[Any, Callable[..., Any]] | None = None
+) -> Any:
     raise TypeError(
         "ShardDataset(batch_size=...) already yields whole batches, and this DataLoader was "
         "given a batch_size too (it would batch batches, and len(loader) would be wrong): "

@@ -41,7 +41,7 @@ class SharedProgress:
     """Per-slot next-epoch counters and a pending resume point, in shared memory."""
 
     def __init__(self) -> None:
-        self._cell = torch.zeros(_RESUME + 3, dtype=torch.int64).share_memory_()
+        self._cell = torch.zeros(_RESUME + 3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._cell[_RESUME] = -1
 
     def claim(self, worker: int | None) -> int:

@@ -34,12 +34,9 @@ def features(sample: dict[str, Any]) -> torch.Tensor:
     return counts.float() / max(1, len(data))
 
 
-def collate(batch: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(features, labels, mask): padded samples get mask 0 so they do not count."""
-    x = torch.stack([features(s) for s in batch])
-    y = torch.tensor([int(s["cls"]) for s in batch])
-    mask = torch.tensor([0.0 if s["__padded__"] else 1.0 for s in batch])
-    return x, y, mask
+def with_features(sample: dict[str, Any]) -> dict[str, Any]:
+    """Per-sample transform: add the model's input; ShardDataset then batches the dicts."""
+    return {"x": features(sample), "y": int(sample["cls"]), "__padded__": sample["__padded__"]}
 
 
 def main() -> None:
@@ -59,18 +56,19 @@ def main() -> None:
         f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if backend == "nccl" else "cpu"
     )
 
-    dataset = ShardDataset(
-        args.out, uneven="drop"
-    )  # rank and world size come from torch.distributed
+    # Whole batches are made in the workers: the DataLoader gets batch_size=None, and every rank
+    # then receives exactly len(loader) batches. Rank and world size come from torch.distributed.
+    dataset = ShardDataset(args.out, batch_size=args.batch_size, transform=with_features)
     num_classes = len(dataset.manifest.class_names or ()) or 1
     model = DistributedDataParallel(torch.nn.Linear(16, num_classes).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=args.batch_size,
+        batch_size=None,
         num_workers=args.workers,
-        collate_fn=collate,
         persistent_workers=args.workers > 0,
+        # fork() inside a process with gloo/nccl threads can deadlock on CPython 3.11
+        multiprocessing_context="forkserver" if args.workers > 0 else None,
         pin_memory=backend == "nccl",
     )
 
@@ -79,12 +77,13 @@ def main() -> None:
         checkpoint = torch.load(args.checkpoint, map_location=device, weights_only=False)
         model.module.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        dataset.load_state_dict(checkpoint["data"])  # also sets the epoch
-        start_epoch = checkpoint["data"]["epoch"]
+        state = checkpoint["data"]
+        dataset.resume(state)  # the next pass continues that epoch after its consumed batches
+        start_epoch = state["epoch"]
+        if state["batches"] == len(loader):  # saved at the end of an epoch
+            start_epoch += 1
         if rank == 0:
-            print(
-                f"resumed at epoch {start_epoch}, {sum(checkpoint['data']['consumed'])} samples in"
-            )
+            print(f"resumed at epoch {start_epoch}, {state['batches'] % len(loader)} batches in")
 
     def save(state: dict[str, Any]) -> None:
         if rank == 0:  # the loader state is identical on every rank
@@ -99,10 +98,13 @@ def main() -> None:
             os.replace(args.checkpoint + ".tmp", args.checkpoint)
 
     for epoch in range(start_epoch, args.epochs):
-        dataset.set_epoch(epoch)  # keeps a loaded state only if it is for this epoch
+        dataset.set_epoch(
+            epoch
+        )  # optional (epochs advance by themselves); keeps a resume of `epoch`
         seen = torch.zeros(1)
-        for step, (x, y, mask) in enumerate(loader):
-            x, y, mask = x.to(device), y.to(device), mask.to(device)
+        for step, batch in enumerate(loader, start=1):
+            x, y = batch["x"].to(device), batch["y"].to(device)
+            mask = (~batch["__padded__"]).float().to(device)  # padded repeats do not count
             loss = (F.cross_entropy(model(x), y, reduction="none") * mask).sum() / mask.sum().clamp(
                 min=1
             )
@@ -110,11 +112,9 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             seen += mask.sum().cpu()
-            if (step + 1) % args.save_every == 0:
-                save(dataset.state_dict(step + 1, loader))
+            if step % args.save_every == 0 or step == len(loader):
+                save(dataset.state_after(batch))  # the position comes from the batch itself
         dist.all_reduce(seen)
-        dataset.set_epoch(epoch + 1)
-        save(dataset.state_dict(0, loader))  # start of the next epoch
         if rank == 0:
             print(
                 f"epoch {epoch}: loss {loss.item():.3f}, {int(seen.item())} samples over all ranks"

@@ -1,7 +1,8 @@
-"""Functions that run on each rank of a distributed test (importable by spawned children)."""
+"""Functions that run on each rank of a distributed test (imported by ``rank_main``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,47 +11,76 @@ import torch.utils.data
 
 from loader import ShardDataset
 
-
-def _keys(batch: list[dict[str, Any]]) -> list[list[Any]]:
-    return [[s["__key__"], s["__padded__"]] for s in batch]
+OPTIONS: dict[str, Any] = {"shuffle_buffer": 64, "block_size": 32}
 
 
-def epoch_batches(ds: ShardDataset, batch_size: int, sync: bool = True) -> list[list[list[Any]]]:
-    """One epoch of batches as [key, padded] pairs.
+def epoch_batches(
+    ds: ShardDataset,
+    sync: bool = True,
+    loader: torch.utils.data.DataLoader | None = None,  # type: ignore[type-arg]
+    state_at: int | None = None,
+    consumed: int = 0,
+) -> tuple[list[list[list[Any]]], dict[str, Any] | None]:
+    """One epoch of batches as [key, padded] pairs, and ``ds.state_after`` batch ``state_at``.
 
     With ``sync``, every step does an all_reduce, as DDP's gradient sync does:
     if one rank ran out of batches early, the others hang and the test times out.
     """
-    # Children of a spawned process default to spawn; fork is what torchrun ranks get.
-    loader = torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, num_workers=2, collate_fn=_keys, multiprocessing_context="fork"
-    )
-    batches = []
-    for batch in loader:
+    if loader is None:
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=2, multiprocessing_context="forkserver"
+        )
+    batches, state = [], None
+    for step, batch in enumerate(loader):
         if sync:
-            step = torch.ones(1)
-            dist.all_reduce(step)
-            assert int(step.item()) == dist.get_world_size()
-        batches.append(batch)
+            one = torch.ones(1)
+            dist.all_reduce(one)
+            assert int(one.item()) == dist.get_world_size()
+        batches.append(
+            [[k, bool(p)] for k, p in zip(batch["__key__"], batch["__padded__"], strict=True)]
+        )
+        if step == state_at:
+            state = ds.state_after(batch)
     steps = torch.tensor([len(batches)])
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
     assert int(steps.item()) == len(batches), "ranks took different numbers of steps"
-    return batches
+    # A resumed pass delivers the epoch's batches after the `consumed` ones.
+    assert len(batches) == len(loader) - consumed, "len(loader) differs from what arrived"
+    return batches, state
 
 
 def train_like(rank: int, world_size: int, out: str, uneven: str) -> dict[str, Any]:
-    """Epochs 0 and 1 at batch 16, epoch 0 at batch 1, and a mid-epoch resume."""
-    ds = ShardDataset(out, uneven=uneven, shuffle_buffer=64, block_size=32)
+    """Epochs 0 and 1 at batch 16 (no set_epoch), epoch 0 at batch 1, and a mid-epoch resume."""
+    ds = ShardDataset(out, uneven=uneven, batch_size=16, **OPTIONS)
     assert (ds.rank, ds.world_size) == (rank, world_size)
-    result: dict[str, Any] = {"len": len(ds)}
-    result["epoch0_b16"] = epoch_batches(ds, 16)
-    result["epoch0_b1"] = epoch_batches(ds, 1, sync=False)  # 333 steps: count-checked only
-    ds.set_epoch(1)
-    result["epoch1_b16"] = epoch_batches(ds, 16)
-    loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2)
-    state = ds.state_dict(7, loader)  # as if 7 batches of epoch 1 were consumed, then a crash
-    resumed = ShardDataset(out, uneven=uneven, shuffle_buffer=64, block_size=32)
-    resumed.load_state_dict(state)
+    result: dict[str, Any] = {"len": len(ds), "num_samples": ds.num_samples}
+    result["epoch0_b16"], _ = epoch_batches(ds)
+    single = ShardDataset(out, uneven=uneven, batch_size=1, **OPTIONS)
+    result["epoch0_b1"], _ = epoch_batches(single, sync=False)  # 333 steps: count-checked only
+    result["epoch1_b16"], state = epoch_batches(ds, state_at=6)  # the next epoch by itself
+    assert state is not None
+    resumed = ShardDataset(out, uneven=uneven, batch_size=16, **OPTIONS)
+    resumed.resume(state)  # as if the job crashed after 7 batches of epoch 1
     result["state"] = state
-    result["resumed"] = epoch_batches(resumed, 16)
+    result["resumed"], _ = epoch_batches(resumed, consumed=state["batches"])
     return result
+
+
+def built_before_group(
+    rank: int, world_size: int, out: str, init_group: Callable[[], None]
+) -> dict[str, Any]:
+    """A dataset made before init_process_group (as in a LightningModule's __init__), 2 epochs."""
+    ds = ShardDataset(out, batch_size=10, **OPTIONS)
+    init_group()
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="forkserver",
+        persistent_workers=True,
+    )
+    epochs = [epoch_batches(ds, loader=loader)[0] for _ in range(2)]
+    return {"rank": ds.rank, "epochs": epochs}
+
+
+built_before_group.initializes_group = True  # type: ignore[attr-defined]

@@ -9,10 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch.utils.data
 
 from loader import ShardDataset
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import train_like
+from tests.distributed.ranks import OPTIONS, built_before_group, train_like
 
 pytestmark = pytest.mark.distributed
 
@@ -30,6 +31,8 @@ def test_ranks_get_equal_disjoint_shares(
     results = run_ranks(train_like, world_size, tmp_path, out=str(built_zstd), uneven=uneven)
     total = 1001
     per_rank = total // world_size if uneven == "drop" else -(-total // world_size)
+    assert [r["num_samples"] for r in results] == [per_rank] * world_size
+    assert [r["len"] for r in results] == [-(-per_rank // 16)] * world_size
     for key in ("epoch0_b16", "epoch0_b1", "epoch1_b16"):
         steps = {len(r[key]) for r in results}
         assert len(steps) == 1, f"{key}: unequal step counts {steps}"
@@ -43,10 +46,11 @@ def test_ranks_get_equal_disjoint_shares(
             assert (
                 sum(p for r in results for _, p in _flat(r[key])) == world_size * per_rank - total
             )
+    # No set_epoch call: the second pass is epoch 1 by itself, a different order.
     assert _flat(results[0]["epoch0_b16"]) != _flat(results[0]["epoch1_b16"])
-    assert [r["len"] for r in results] == [per_rank] * world_size
     # The resume state is the same on every rank, and resuming yields exactly the rest.
     assert all(r["state"] == results[0]["state"] for r in results)
+    assert results[0]["state"]["epoch"] == 1 and results[0]["state"]["batches"] == 7
     for r in results:
         assert r["resumed"] == r["epoch1_b16"][7:]
     # Determinism: a single process simulating each rank gets the same order as real DDP.
@@ -54,20 +58,29 @@ def test_ranks_get_equal_disjoint_shares(
         ds = ShardDataset(
             str(built_zstd),
             uneven=uneven,
-            shuffle_buffer=64,
-            block_size=32,
+            batch_size=16,
             rank=rank,
             world_size=world_size,
+            **OPTIONS,
         )
-        import torch.utils.data
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        assert [
+            [[k, bool(p)] for k, p in zip(b["__key__"], b["__padded__"], strict=True)]
+            for b in loader
+        ] == r["epoch0_b16"]
 
-        loader = torch.utils.data.DataLoader(
-            ds,
-            batch_size=16,
-            num_workers=2,
-            collate_fn=lambda b: [[s["__key__"], s["__padded__"]] for s in b],
-        )
-        assert [list(map(list, b)) for b in loader] == r["epoch0_b16"]
+
+def test_dataset_made_before_the_process_group_splits_by_its_final_rank(
+    built: Path, tmp_path: Path
+) -> None:
+    results = run_ranks(built_before_group, 2, tmp_path, out=str(built))
+    assert [r["rank"] for r in results] == [0, 1]
+    for epoch in (0, 1):
+        halves = [[k for b in r["epochs"][epoch] for k, _ in b] for r in results]
+        assert len(halves[0]) == len(halves[1]) == 51  # 103 // 2; one dropped
+        assert not set(halves[0]) & set(halves[1])
+        assert len(set(halves[0]) | set(halves[1])) == 102
+    assert results[0]["epochs"][0] != results[0]["epochs"][1], "persistent workers, epoch 2"
 
 
 def test_ddp_example_runs_under_torchrun(built: Path, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def _loader(
     ds: ShardDataset, collate: Callable[[list[dict[str, Any]]], Any]
 ) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
     return torch.utils.data.DataLoader(
-        ds, batch_size=5, num_workers=2, collate_fn=collate, multiprocessing_context="fork"
+        ds, batch_size=5, num_workers=2, collate_fn=collate, multiprocessing_context="forkserver"
     )
 
 
@@ -47,7 +47,7 @@ def reweighted_epochs(rank: int, world_size: int, out: str, uneven: str) -> dict
     """Epochs 0 and 1 of read-time resampling, and one of read-time weights, on this rank."""
     ds = ShardDataset(out, uneven=uneven, **OPTIONS)
     assert (ds.rank, ds.world_size) == (rank, world_size)
-    result: dict[str, Any] = {"len": len(ds)}
+    result: dict[str, Any] = {"len": ds.num_samples}
     for epoch in (0, 1):
         ds.set_epoch(epoch)
         batches = []

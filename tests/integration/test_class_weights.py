@@ -25,7 +25,7 @@ import torch.utils.data
 from click.testing import CliRunner, Result
 
 import shardprep
-from loader import ShardDataset
+from loader import IncompatibleStateError, ShardDataset
 from shardprep.cli import cli
 from shardprep.errors import DuplicateKeyError, PlanError
 from shardprep.manifest import read_manifest
@@ -486,7 +486,7 @@ def _class_counts(samples: list[dict[str, Any]]) -> list[int]:
 
 def test_read_time_reweighting_hits_the_targets_exactly_each_epoch(plain: Path) -> None:
     ds = ShardDataset(str(plain), class_weights="balanced", shuffle_buffer=8, block_size=4)
-    assert len(ds) == 57
+    assert ds.num_samples == 57
     epochs = []
     for epoch in range(3):
         ds.set_epoch(epoch)
@@ -518,7 +518,7 @@ def test_read_time_reweighting_gives_every_rank_the_same_count(plain: Path) -> N
         for r in range(4)
     ]
     per_rank = [_epoch(ds) for ds in ranks]
-    assert [len(ds) for ds in ranks] == [len(s) for s in per_rank] == [14] * 4
+    assert [ds.num_samples for ds in ranks] == [len(s) for s in per_rank] == [14] * 4
     union = _class_counts([s for samples in per_rank for s in samples])
     assert sum(union) == 56
     assert all(t - 1 <= u <= t for u, t in zip(union, [19, 19, 19], strict=True))
@@ -536,16 +536,17 @@ def test_read_time_weights_only_exposes_weight(plain: Path) -> None:
 
 
 def test_read_time_reweighting_resumes_mid_epoch(plain: Path) -> None:
-    ds = ShardDataset(str(plain), class_weights="sqrt", shuffle_buffer=8, block_size=4)
+    options: dict[str, Any] = {"class_weights": "sqrt", "shuffle_buffer": 8, "block_size": 4}
+    ds = ShardDataset(str(plain), batch_size=5, **options)
     ds.set_epoch(2)
-    full = [s["__key__"] for s in ds]
-    state = ds.state_dict(23)
-    resumed = ShardDataset(str(plain), class_weights="sqrt", shuffle_buffer=8, block_size=4)
-    resumed.load_state_dict(state)
-    assert [s["__key__"] for s in resumed] == full[23:]
-    other = ShardDataset(str(plain), class_weights="balanced", shuffle_buffer=8, block_size=4)
-    with pytest.raises(Exception, match="class_weights"):
-        other.load_state_dict(state)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    resumed = ShardDataset(str(plain), batch_size=5, **options)
+    resumed.resume(ds.state_after(batches[3]))
+    rest = [b["__key__"] for b in torch.utils.data.DataLoader(resumed, batch_size=None)]
+    assert rest == [b["__key__"] for b in batches[4:]]
+    other = ShardDataset(str(plain), batch_size=5, **{**options, "class_weights": "balanced"})
+    with pytest.raises(IncompatibleStateError, match="class_weights"):
+        other.resume(ds.state_after(batches[3]))
 
 
 def test_read_time_errors(plain: Path, tmp_path: Path) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,7 +52,7 @@ def test_epoch_yields_every_sample_once_with_its_bytes(built: Path, workers: int
     ds = ShardDataset(str(built))
     loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=workers, collate_fn=collate)
     samples = [s for batch in loader for s in batch]
-    assert len(samples) == len(ds) == 103
+    assert len(samples) == ds.num_samples == 103
     assert sorted(s["__key__"] for s in samples) == sorted(all_keys(built))
     classes = {"a": 0, "b": 1, "c": 2}
     for s in samples:
@@ -93,24 +96,198 @@ def test_persistent_workers_follow_set_epoch(built: Path) -> None:
         assert [keys_of(b) for b in loader] == expected[epoch]
 
 
+def batch_keys(loader: Any) -> list[list[str]]:
+    return [list(b["__key__"]) for b in loader]
+
+
+def batch_loader(ds: ShardDataset, workers: int, **kw: Any) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    ("world_size", "batch_size", "drop_last"),
+    [(1, 4, False), (2, 7, False), (3, 5, True), (2, 64, False)],
+)
+def test_len_is_exactly_the_batches_delivered(
+    built: Path, workers: int, world_size: int, batch_size: int, drop_last: bool
+) -> None:
+    """len(loader) == batches that arrive, on every rank; only the epoch's last batch is partial."""
+    seen: list[str] = []
+    for rank in range(world_size):
+        ds = ShardDataset(
+            str(built), batch_size=batch_size, drop_last=drop_last, rank=rank, world_size=world_size
+        )
+        loader = batch_loader(ds, workers)
+        batches = batch_keys(loader)
+        per_rank = 103 // world_size
+        expected = per_rank // batch_size if drop_last else -(-per_rank // batch_size)
+        assert len(loader) == len(ds) == len(batches) == expected
+        assert all(len(b) == batch_size for b in batches[:-1])
+        assert len(batches[-1]) == (
+            batch_size if drop_last else per_rank - (expected - 1) * batch_size
+        )
+        seen += [k for b in batches for k in b]
+    assert len(seen) == len(set(seen))
+    dropped = (103 % world_size) + (world_size * (per_rank % batch_size) if drop_last else 0)
+    assert len(seen) == 103 - dropped
+
+
+def test_batches_collate_decoded_fields_into_tensors(built: Path) -> None:
+    ds = ShardDataset(str(built), batch_size=8, decode=True, shuffle=False)
+    batch = next(iter(batch_loader(ds, 0)))
+    assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (8,)
+    assert batch["__padded__"].dtype == torch.bool and not batch["__padded__"].any()
+    assert isinstance(batch["bin"], list) and isinstance(batch["bin"][0], bytes)
+    assert batch["__position__"] == {"epoch": 0, "batch": 0, "num_workers": 1}
+    keys = all_keys(built)[:8]
+    assert batch["__key__"] == keys
+
+
+def test_a_dataloader_batch_size_on_a_batching_dataset_is_refused(built: Path) -> None:
+    loader = torch.utils.data.DataLoader(ShardDataset(str(built), batch_size=8), batch_size=4)
+    with pytest.raises(TypeError, match="batch_size=None"):
+        next(iter(loader))
+
+
+def test_sample_mode_has_no_len_that_could_lie(built: Path) -> None:
+    ds = ShardDataset(str(built))
+    with pytest.raises(TypeError, match="batch_size"):
+        len(ds)
+    assert ds.num_samples == 103
+
+
+@pytest.mark.parametrize(
+    ("context", "persistent"),
+    # spawn and forkserver matter for persistent workers (set_epoch must reach them); each
+    # spawned worker imports torch, so the slow non-persistent variants are left to fork
+    [("fork", False), ("fork", True), ("forkserver", True), ("spawn", True)],
+)
+def test_epoch_advances_by_itself_and_set_epoch_wins(
+    built: Path, context: str, persistent: bool
+) -> None:
+    """Without set_epoch each pass is the next epoch, in every worker, for every start method."""
+    options: dict[str, Any] = {"batch_size": 8, "shuffle_buffer": 8, "block_size": 8}
+    expected = []
+    for epoch in range(4):
+        reference = ShardDataset(str(built), **options)
+        reference.set_epoch(epoch)
+        expected.append(batch_keys(batch_loader(reference, 2)))
+    assert len({str(e) for e in expected}) == 4
+    ds = ShardDataset(str(built), **options)
+    loader = batch_loader(ds, 2, persistent_workers=persistent, multiprocessing_context=context)
+    assert [batch_keys(loader) for _ in range(3)] == expected[:3]
+    assert ds.epoch == 3
+    ds.set_epoch(1)
+    assert batch_keys(loader) == expected[1]
+    assert batch_keys(loader) == expected[2]
+
+
+def test_epoch_advances_in_process_and_for_samples(built: Path) -> None:
+    ds = ShardDataset(str(built), shuffle_buffer=16)
+    passes = [[s["__key__"] for s in ds] for _ in range(2)]
+    again = ShardDataset(str(built), shuffle_buffer=16)
+    again.set_epoch(1)
+    assert passes[1] == [s["__key__"] for s in again] != passes[0]
+
+
+RESUME_OPTIONS: dict[str, Any] = {"batch_size": 4, "shuffle_buffer": 23, "block_size": 16}
+
+
+def _stateful(ds: ShardDataset, workers: int, persistent: bool) -> Any:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader(
+        ds, batch_size=None, num_workers=workers, persistent_workers=persistent
+    )
+
+
+@pytest.mark.parametrize(
+    ("workers", "persistent"), [(0, False), (1, False), (1, True), (3, False), (3, True)]
+)
+@pytest.mark.parametrize("fixture", ["built", "built_zstd"])
+def test_stateful_dataloader_resumes_exactly(
+    fixture: str, workers: int, persistent: bool, request: pytest.FixtureRequest
+) -> None:
+    """torchdata: state after k batches (epoch 0 or 1) + a fresh loader = exactly the rest, then epoch 2."""
+    out = str(request.getfixturevalue(fixture))
+    reference = _stateful(ShardDataset(out, **RESUME_OPTIONS), workers, persistent)
+    epochs = [batch_keys(reference) for _ in range(3)]
+    assert epochs[0] != epochs[1]
+    total = len(epochs[0])
+    for epoch, k in [(0, 0), (0, 1), (0, 5), (1, total // 2), (1, total - 1), (1, total)]:
+        loader = _stateful(ShardDataset(out, **RESUME_OPTIONS), workers, persistent)
+        for _ in range(epoch):
+            batch_keys(loader)
+        iterator = iter(loader)
+        for _ in range(k):
+            next(iterator)
+        state = json.loads(json.dumps(loader.state_dict()))
+        del iterator
+        fresh = _stateful(ShardDataset(out, **RESUME_OPTIONS), workers, persistent)
+        fresh.load_state_dict(state)
+        assert batch_keys(fresh) == epochs[epoch][k:], f"epoch {epoch}, after {k} batches"
+        if epoch == 1:
+            assert batch_keys(fresh) == epochs[2], "the epoch after a resumed one"
+
+
+def test_stateful_dataloader_resumes_in_a_fresh_process(built_zstd: Path, tmp_path: Path) -> None:
+    out = str(built_zstd)
+    loader = _stateful(ShardDataset(out, **RESUME_OPTIONS), 2, False)
+    iterator = iter(loader)
+    seen = [list(next(iterator)["__key__"]) for _ in range(9)]
+    (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
+    del iterator
+    script = f"""
+import json, sys
+from torchdata.stateful_dataloader import StatefulDataLoader
+from loader import ShardDataset
+loader = StatefulDataLoader(ShardDataset({out!r}, **{RESUME_OPTIONS!r}), batch_size=None, num_workers=2)
+loader.load_state_dict(json.load(open({str(tmp_path / "state.json")!r})))
+print(json.dumps([list(b["__key__"]) for b in loader]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    reference = batch_keys(_stateful(ShardDataset(out, **RESUME_OPTIONS), 2, False))
+    assert seen + json.loads(done.stdout) == reference
+
+
+def test_stateful_state_is_small_and_checked(built: Path) -> None:
+    loader = _stateful(ShardDataset(str(built), **RESUME_OPTIONS), 0, False)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert len(json.dumps(state)) < 2000
+    other = _stateful(ShardDataset(str(built), seed=3, **RESUME_OPTIONS), 0, False)
+    other.load_state_dict(state)
+    with pytest.raises(IncompatibleStateError, match="seed"):
+        next(iter(other))
+
+
 @pytest.mark.parametrize("workers", [0, 1, 3])
 @pytest.mark.parametrize("fixture", ["built", "built_zstd"])
-def test_resume_yields_exactly_the_remaining_batches(
+def test_plain_dataloader_resumes_from_the_last_batch(
     fixture: str, workers: int, request: pytest.FixtureRequest
 ) -> None:
-    out = request.getfixturevalue(fixture)
-    options = {"shuffle_buffer": 23, "block_size": 16}
-    ds = ShardDataset(str(out), **options)
+    """state_after(batch) + resume(state): exactly the remaining batches, for any num_workers."""
+    out = str(request.getfixturevalue(fixture))
+    ds = ShardDataset(out, **RESUME_OPTIONS)
     ds.set_epoch(2)
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate)
-    batches = [keys_of(b) for b in loader]
-    for k in sorted({0, 1, 5, len(batches) // 2, len(batches) - 1, len(batches)}):
-        state = ds.state_dict(k, loader)
-        assert pickle.loads(pickle.dumps(state)) == state
-        resumed = ShardDataset(str(out), **options)
-        resumed.load_state_dict(state)
+    batches = list(batch_loader(ds, workers))
+    keys = [list(b["__key__"]) for b in batches]
+    for k in sorted({1, 5, len(batches) // 2, len(batches) - 1, len(batches)}):
+        state = ds.state_after(batches[k - 1])
+        assert json.loads(json.dumps(state)) == state
+        resumed = ShardDataset(out, **RESUME_OPTIONS)
+        resumed.resume(state)
         assert resumed.epoch == 2
-        assert run(resumed, workers) == batches[k:], f"resume after {k} batches"
+        loader = batch_loader(resumed, workers)
+        assert batch_keys(loader) == keys[k:], f"resume after {k} batches"
+        ds.set_epoch(3)
+        assert batch_keys(loader) == batch_keys(batch_loader(ds, workers)), "next epoch is normal"
+        ds.set_epoch(2)
 
 
 def test_resume_does_not_reread_consumed_windows(
@@ -124,38 +301,41 @@ def test_resume_does_not_reread_consumed_windows(
         return original(self, piece)
 
     monkeypatch.setattr(read_module.ShardReader, "read", counting)
-    ds = ShardDataset(str(built_zstd), shuffle_buffer=50)
-    loader = torch.utils.data.DataLoader(ds, batch_size=10, collate_fn=collate)
-    state = ds.state_dict(90, loader)  # 900 of 1001 samples consumed
-    read_samples.clear()
-    resumed = ShardDataset(str(built_zstd), shuffle_buffer=50)
-    resumed.load_state_dict(state)
-    assert sum(len(b) for b in run(resumed, 0, batch_size=10)) == 101
+    resumed = ShardDataset(str(built_zstd), batch_size=10, shuffle_buffer=50)
+    resumed.resume({**resumed.fingerprint(1), "epoch": 0, "batches": 90})  # 900 of 1001 consumed
+    assert sum(len(b["__key__"]) for b in batch_loader(resumed, 0)) == 101
     assert sum(read_samples) <= 101 + 50, "resume re-read more than the window it lands in"
 
 
 def test_resume_state_checks(built: Path, built_zstd: Path) -> None:
-    ds = ShardDataset(str(built))
-    state = ds.state_dict(3)
+    ds = ShardDataset(str(built), batch_size=4)
+    state = ds.state_after(next(iter(batch_loader(ds, 0))))
     with pytest.raises(IncompatibleStateError, match="seed"):
-        ShardDataset(str(built), seed=5).load_state_dict(state)
+        ShardDataset(str(built), batch_size=4, seed=5).resume(state)
     with pytest.raises(IncompatibleStateError, match="manifest"):
-        ShardDataset(str(built_zstd)).load_state_dict(state)
+        ShardDataset(str(built_zstd), batch_size=4).resume(state)
+    with pytest.raises(IncompatibleStateError, match="batch_size"):
+        ShardDataset(str(built), batch_size=5).resume(state)
     with pytest.raises(IncompatibleStateError, match="world_size"):
-        ShardDataset(str(built), rank=0, world_size=2).load_state_dict(state)
-    resumed = ShardDataset(str(built))
-    resumed.load_state_dict(state)  # saved with num_workers=0 → 1 slot
+        ShardDataset(str(built), batch_size=4, rank=0, world_size=2).resume(state)
+    with pytest.raises(IncompatibleStateError, match="batches"):
+        ShardDataset(str(built), batch_size=4).resume({**state, "batches": 27})
+    with pytest.raises(TypeError, match="state_after"):
+        ds.state_after({"__key__": ["x"]})
+    resumed = ShardDataset(str(built), batch_size=4)
+    resumed.resume({**state, "num_workers": 2})  # as if saved with 2 workers
     with pytest.raises(IncompatibleStateError, match="num_workers"):
-        run(resumed, workers=2)
+        batch_keys(batch_loader(resumed, 0))  # in-process: torch takes 5 s per failed worker
 
 
-def test_loaded_state_applies_to_its_epoch_only(built: Path) -> None:
-    ds = ShardDataset(str(built))
-    state = ds.state_dict(50)
-    ds.load_state_dict(state)
-    assert sum(map(len, run(ds, 0))) == 53
+def test_resumed_state_applies_to_its_epoch_only(built: Path) -> None:
+    ds = ShardDataset(str(built), batch_size=4)
+    ds.resume({**ds.fingerprint(1), "epoch": 0, "batches": 20})
+    assert sum(map(len, batch_keys(batch_loader(ds, 0)))) == 23
+    assert sum(map(len, batch_keys(batch_loader(ds, 0)))) == 103  # epoch 1: whole
+    ds.resume({**ds.fingerprint(1), "epoch": 0, "batches": 20})
     ds.set_epoch(1)
-    assert sum(map(len, run(ds, 0))) == 103
+    assert sum(map(len, batch_keys(batch_loader(ds, 0)))) == 103
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -166,7 +346,7 @@ def test_pad_counts_every_sample_once_across_ranks(built: Path, world_size: int)
         ds = ShardDataset(str(built), uneven="pad", rank=rank, world_size=world_size)
         loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
         samples = [s for b in loader for s in b]
-        assert len(samples) == len(ds) == -(-103 // world_size)
+        assert len(samples) == ds.num_samples == -(-103 // world_size)
         real += [s["__key__"] for s in samples if not s["__padded__"]]
         padded += sum(s["__padded__"] for s in samples)
     assert sorted(real) == sorted(all_keys(built))
@@ -191,14 +371,26 @@ def test_shuffle_quality(built_zstd: Path) -> None:
     assert np.abs(batch_share.mean(axis=0) - dataset_share).max() < 0.02
 
 
+def _open_files() -> dict[str, str]:
+    links = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            continue
+    return links
+
+
 def test_init_opens_nothing_and_pickles(built: Path) -> None:
-    fds = len(os.listdir("/proc/self/fd"))
+    """No shard, no thread: only the epoch counters' shared page, already unlinked from /dev/shm."""
+    before = _open_files()
     threads = threading.active_count()
     ds = ShardDataset(str(built))
-    assert len(os.listdir("/proc/self/fd")) == fds
+    new = [link for fd, link in _open_files().items() if fd not in before]
+    assert len(new) == 1 and new[0].startswith("/dev/shm/") and new[0].endswith("(deleted)")
     assert threading.active_count() == threads
     clone = pickle.loads(pickle.dumps(ds))
-    assert len(clone) == len(ds)
+    assert clone.num_samples == ds.num_samples
     assert [s["__key__"] for s in clone] == [s["__key__"] for s in ds]
 
 

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from loader.errors import WorldMismatchError
 from loader.order import SampleRange, epoch_order
-from loader.partition import Uneven, partition, samples_per_rank, slot_counts
+from loader.partition import (
+    Uneven,
+    batch_slot_counts,
+    batches_per_rank,
+    partition,
+    samples_per_rank,
+    slot_counts,
+)
 from loader.world import World
 
 
@@ -127,3 +134,45 @@ def test_epoch_order_is_a_permutation_of_blocks_and_changes_with_epoch() -> None
     )
     assert sum(len(p) for p in first) == 38
     assert epoch_order(sizes, 0, 0, False, block_size=4)[0] == SampleRange(0, 0, 4)
+
+
+@given(
+    sizes=st.lists(st.integers(0, 60), min_size=1, max_size=10).filter(lambda s: sum(s) >= 8),
+    world_size=st.integers(1, 5),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 20),
+    drop_last=st.booleans(),
+    uneven=st.sampled_from(["drop", "pad"]),
+)
+def test_batch_aligned_slots_cover_each_rank_once(
+    sizes: list[int], world_size: int, workers: int, batch_size: int, drop_last: bool, uneven: str
+) -> None:
+    """Whole-batch slots: equal batches per rank, no sample twice, only drop_last tails missing."""
+    total = sum(sizes)
+    order = epoch_order(sizes, 7, 1, True, block_size=4)
+    per_rank = samples_per_rank(total, world_size, uneven)
+    counts = batch_slot_counts(per_rank, workers, batch_size, drop_last)
+    seen: Counter[tuple[int, int]] = Counter()
+    for rank in range(world_size):
+        got = 0
+        for worker in range(workers):
+            world = World(rank, world_size, worker, workers)
+            samples = _expand(partition(order, total, world, uneven, counts))
+            assert len(samples) == counts[worker]
+            got += len(samples)
+            seen.update((shard, index) for shard, index, pad in samples if not pad)
+        batches = batches_per_rank(per_rank, batch_size, drop_last)
+        assert got == (batches * batch_size if drop_last else per_rank)
+    assert max(seen.values(), default=1) == 1
+    missing = total - len(seen)
+    tails = world_size * (per_rank % batch_size) if drop_last else 0
+    if uneven == "drop":
+        assert missing == total % world_size + tails
+    else:
+        assert missing <= tails
+
+
+def test_partition_refuses_counts_of_another_world() -> None:
+    order = epoch_order([10], 0, 0, False, block_size=4)
+    with pytest.raises(WorldMismatchError, match="slot counts"):
+        partition(order, 10, World(0, 1, 0, 2), "drop", [5, 5, 0])

@@ -1,4 +1,4 @@
-"""Resume arithmetic: batches consumed → samples consumed per worker slot, against a real DataLoader."""
+"""Resume arithmetic and batch-aligned slots, checked against a real DataLoader's round-robin."""
 
 from __future__ import annotations
 
@@ -8,83 +8,86 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.errors import IncompatibleStateError
-from loader.state import STATE_VERSION, check_state, consumed_per_slot
+from loader.partition import batch_slot_counts, batches_per_rank
+from loader.state import STATE_VERSION, check_state, rank_resume
 
 
-class _Tagged(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """Worker w yields (w, 0), (w, 1), ... ``counts[w]`` items."""
+class _SlotBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Slot s yields the rank's batch numbers s, s + K, ... (< total), after ``resume_at`` batches."""
 
-    def __init__(self, counts: list[int]) -> None:
-        self.counts = counts
+    def __init__(self, total: int, num_workers: int, resume_at: int) -> None:
+        self.total, self.num_workers, self.resume_at = total, num_workers, resume_at
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = torch.utils.data.get_worker_info()
         worker = info.id if info else 0
-        return iter([(worker, i) for i in range(self.counts[worker])])
+        slot, skip = rank_resume(self.resume_at, self.num_workers, worker)
+        return iter(list(range(slot, self.total, self.num_workers))[skip:])
 
 
-def _collate(batch):  # type: ignore[no-untyped-def]
-    return batch
-
-
-@pytest.mark.parametrize("counts", [[5], [7, 6, 6], [3, 3, 2], [1, 0, 0], [40, 39]])
-@pytest.mark.parametrize("batch_size", [1, 2, 4])
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_matches_real_dataloader(counts: list[int], batch_size: int, drop_last: bool) -> None:
-    loader = torch.utils.data.DataLoader(
-        _Tagged(counts),
-        batch_size=batch_size,
-        num_workers=len(counts) if len(counts) > 1 else 0,
-        collate_fn=_collate,
-        drop_last=drop_last,
-    )
-    batches = list(loader)
-    for k in range(len(batches) + 1):
-        delivered = [0] * len(counts)
-        for batch in batches[:k]:
-            for worker, _ in batch:
-                delivered[worker] += 1
-        assert consumed_per_slot(k, counts, batch_size, drop_last) == delivered
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("total", [0, 1, 5, 7])
+def test_rank_resume_against_real_dataloader(num_workers: int, total: int) -> None:
+    """After any number of consumed batches, the restarted DataLoader delivers exactly the rest."""
+    for resume_at in range(total + 1):
+        loader = torch.utils.data.DataLoader(
+            _SlotBatches(total, num_workers, resume_at),
+            batch_size=None,
+            num_workers=num_workers if num_workers > 1 else 0,
+        )
+        assert list(loader) == list(range(resume_at, total))
 
 
 @given(
-    counts=st.lists(st.integers(0, 50), min_size=1, max_size=6),
-    batch_size=st.integers(1, 9),
-    data=st.data(),
+    per_rank=st.integers(0, 500),
+    num_workers=st.integers(1, 6),
+    batch_size=st.integers(1, 40),
+    drop_last=st.booleans(),
 )
-def test_consumed_is_monotone_and_ends_at_counts(
-    counts: list[int], batch_size: int, data: st.DataObject
+def test_batch_slots_are_whole_batches(
+    per_rank: int, num_workers: int, batch_size: int, drop_last: bool
 ) -> None:
-    total = sum(-(-c // batch_size) for c in counts)
-    k = data.draw(st.integers(0, total))
-    now = consumed_per_slot(k, counts, batch_size)
-    assert all(0 <= n <= c for n, c in zip(now, counts, strict=True))
-    if k < total:
-        after = consumed_per_slot(k + 1, counts, batch_size)
-        assert sum(after) > sum(now)
-    assert consumed_per_slot(total, counts, batch_size) == counts
-    with pytest.raises(ValueError, match="only"):
-        consumed_per_slot(total + 1, counts, batch_size)
+    counts = batch_slot_counts(per_rank, num_workers, batch_size, drop_last)
+    batches = batches_per_rank(per_rank, batch_size, drop_last)
+    assert len(counts) == num_workers
+    assert sum(counts) == (batches * batch_size if drop_last else per_rank)
+    # Slot w makes batches w, w + K, ...: its count is that many whole batches, plus the
+    # partial last batch if it is w's.
+    made = [len(range(w, batches, num_workers)) for w in range(num_workers)]
+    assert sum(-(-c // batch_size) for c in counts) == batches
+    assert [-(-c // batch_size) for c in counts] == made
+    partial = [c % batch_size for c in counts if c % batch_size]
+    assert len(partial) <= 1 and not (drop_last and partial)
+
+
+@given(batches=st.integers(0, 200), num_workers=st.integers(1, 8))
+def test_rank_resume_skips_exactly_what_each_slot_made(batches: int, num_workers: int) -> None:
+    slots = [rank_resume(batches, num_workers, w) for w in range(num_workers)]
+    assert sorted(s for s, _ in slots) == list(range(num_workers))
+    assert sum(skip for _, skip in slots) == batches
+    assert slots[0][0] == batches % num_workers  # worker 0 makes the next batch
+
+
+def test_rank_resume_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        rank_resume(-1, 2, 0)
+    with pytest.raises(ValueError):
+        rank_resume(3, 2, 2)
 
 
 def test_check_state_names_the_field() -> None:
-    base = {
-        "version": STATE_VERSION,
-        "manifest": "m",
-        "seed": 0,
-        "shuffle": True,
-        "uneven": "drop",
-        "block_size": 8,
-        "shuffle_buffer": 9,
-        "shuffle_buffer_bytes": 10,
-        "class_weights": None,
-        "world_size": 2,
-    }
-    check_state(base, base)
+    base = {"version": STATE_VERSION, "manifest": "m", "seed": 0, "world_size": 2}
+    check_state({**base, "epoch": 1}, base, ("epoch",))
     with pytest.raises(IncompatibleStateError, match="seed") as info:
-        check_state({**base, "seed": 1}, base)
+        check_state({**base, "seed": 1}, base, ())
     assert (info.value.field, info.value.saved, info.value.current) == ("seed", 1, 0)
     with pytest.raises(IncompatibleStateError, match="world_size=4"):
-        check_state({**base, "world_size": 4}, base)
+        check_state({**base, "world_size": 4}, base, ())
     with pytest.raises(IncompatibleStateError, match="version"):
-        check_state({**base, "version": 99}, base)
+        check_state({**base, "version": 1}, base, ())
+    with pytest.raises(IncompatibleStateError, match="'epoch' is -1"):
+        check_state({**base, "epoch": -1}, base, ("epoch",))
+    with pytest.raises(IncompatibleStateError, match="'epoch' is None"):
+        check_state(base, base, ("epoch",))
+    with pytest.raises(IncompatibleStateError, match="not list"):
+        check_state([], base, ())  # type: ignore[arg-type]
