@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch.utils.data
 from loader import ShardDataset
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import OPTIONS, built_before_group, train_like
+from tests.processes import run_bounded
 
 pytestmark = pytest.mark.distributed
 
@@ -101,15 +101,11 @@ def test_ddp_example_runs_under_torchrun(built: Path, tmp_path: Path) -> None:
         "--checkpoint",
         str(checkpoint),
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path
-    )
+    done = run_bounded(command, timeout=240, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch 1" in done.stdout and checkpoint.exists()
-    again = subprocess.run(
+    again = run_bounded(
         [*command[:-4], "--epochs", "3", "--checkpoint", str(checkpoint)],
-        capture_output=True,
-        text=True,
         timeout=240,
         env=env,
         cwd=tmp_path,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tarfile
 from collections import Counter
@@ -33,6 +32,7 @@ from shardprep.shardformat import decode_index
 from shardprep.verify import verify_output
 from shardprep.weighting import apportion
 from tests.conftest import payload
+from tests.processes import run_bounded
 
 COUNTS = {"a": 40, "b": 12, "c": 5}
 CLASSES = {"a": 0, "b": 1, "c": 2}
@@ -451,10 +451,8 @@ def test_the_docs_figure_is_small_and_its_script_runs(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "figure.png"
     script = ROOT / "docs" / "make_class_weights_plot.py"
-    done = subprocess.run(
+    done = run_bounded(
         [sys.executable, str(script), "--out", str(png), "--samples", "200", "--shards", "4"],
-        capture_output=True,
-        text=True,
         timeout=120,
         cwd=tmp_path,
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from shardprep.cli import cli
 from shardprep.example import class_sizes
+from tests.processes import run_bounded
 
 
 def _invoke(*args: str) -> Result:
@@ -291,9 +291,7 @@ def test_duplicate_keys_exit_1(tmp_path: Path) -> None:
 
 
 def test_python_dash_m_help() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardprep", "--help"], capture_output=True, text=True, timeout=60
-    )
+    result = run_bounded([sys.executable, "-m", "shardprep", "--help"], timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Usage: shardprep [OPTIONS] COMMAND [ARGS]...")
     for command in ("build", "inspect", "verify", "example"):

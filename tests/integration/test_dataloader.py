@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +21,7 @@ from shardprep.errors import ChecksumMismatchError, ManifestError
 from shardprep.manifest import read_manifest
 from shardprep.shardformat import decode_index
 from tests.conftest import payload
+from tests.processes import run_bounded
 
 
 def keys_of(batch: list[dict[str, Any]]) -> list[str]:
@@ -246,9 +246,7 @@ loader = StatefulDataLoader(ShardDataset({out!r}, **{RESUME_OPTIONS!r}), batch_s
 loader.load_state_dict(json.load(open({str(tmp_path / "state.json")!r})))
 print(json.dumps([list(b["__key__"]) for b in loader]))
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    done = run_bounded([sys.executable, "-c", script], timeout=120)
     assert done.returncode == 0, done.stderr
     reference = batch_keys(_stateful(ShardDataset(out, **RESUME_OPTIONS), 2, False))
     assert seen + json.loads(done.stdout) == reference

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.processes import run_bounded
 
 FORBIDDEN = ("torch", "loader", "webdataset")
 
@@ -33,11 +34,8 @@ print(json.dumps(names))
 def _imported_after(modules: tuple[str, ...], forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
     """Top-level-forbidden modules loaded by importing ``modules`` in a fresh interpreter."""
     imports = "\n".join(f"import {m}" for m in modules)
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE.format(imports=imports, forbidden=forbidden)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_bounded(
+        [sys.executable, "-c", PROBE.format(imports=imports, forbidden=forbidden)], timeout=120
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -67,11 +65,8 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {forbidden!
 
 
 def test_a_build_does_not_import_them_either(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD.format(forbidden=FORBIDDEN), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_bounded(
+        [sys.executable, "-c", BUILD.format(forbidden=FORBIDDEN), str(tmp_path)], timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
