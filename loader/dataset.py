@@ -207,11 +207,12 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     # --- iteration ----------------------------------------------------------------
 
     def __iter__(self) -> EpochStream:
-        worker, num_workers = worker_info()
-        in_worker = torch.utils.data.get_worker_info() is not None
+        info = worker_info()  # None in the main process (num_workers=0)
+        worker, num_workers = info or (0, 1)
         rank, world_size = self._world()
-        epoch = self.progress.claim(worker if in_worker else None)
-        return EpochStream(self, epoch, World(rank, world_size, worker, num_workers), in_worker)
+        counter = None if info is None else worker
+        epoch = self.progress.claim(counter)
+        return EpochStream(self, epoch, World(rank, world_size, worker, num_workers), counter)
 
     def items(self, epoch: int, world: World, skip: int) -> Iterator[Any]:
         """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones."""
@@ -252,8 +253,10 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 chunk = list(islice(samples, batch))
                 if not chunk:
                     return
-                position = {"epoch": epoch, "batch": j * world.num_workers + world.worker}
-                yield collate_samples(chunk, {**position, "num_workers": world.num_workers})
+                number = j * world.num_workers + world.worker
+                yield collate_samples(
+                    chunk, {"epoch": epoch, "batch": number, "num_workers": world.num_workers}
+                )
         finally:
             reader.close()
 

@@ -28,10 +28,12 @@ _POSITION = ("epoch", "slot", "yielded")
 class EpochStream:
     """Items (batches, or samples without a batch size) of one worker slot in one epoch."""
 
-    def __init__(self, dataset: ShardDataset, epoch: int, world: World, in_worker: bool) -> None:
+    def __init__(
+        self, dataset: ShardDataset, epoch: int, world: World, counter: int | None
+    ) -> None:
         self._dataset = dataset
         self._world = world  # .worker is the DataLoader worker id
-        self._in_worker = in_worker
+        self._counter = counter  # whose epoch counter this pass advanced (None: main process)
         self._epoch = epoch
         self._slot, self._yielded = world.worker, 0
         point = dataset.progress.resume_for(epoch)
@@ -88,6 +90,4 @@ class EpochStream:
                 "slot", state["slot"], f"< {self._world.num_workers}"
             )
         self._epoch, self._slot, self._yielded = (int(state[f]) for f in _POSITION)
-        self._dataset.progress.continue_after(
-            self._world.worker if self._in_worker else None, self._epoch
-        )
+        self._dataset.progress.continue_after(self._counter, self._epoch)

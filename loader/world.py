@@ -39,12 +39,12 @@ class World:
             raise WorldMismatchError(f"worker {self.worker} is not in [0, {self.num_workers})")
 
 
-def worker_info() -> tuple[int, int]:
-    """(worker id, number of workers) of this DataLoader worker; (0, 1) in the main process."""
+def worker_info() -> tuple[int, int] | None:
+    """(worker id, number of workers) of this DataLoader worker; None in the main process."""
     import torch.utils.data
 
     info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
+    return None if info is None else (info.id, info.num_workers)
 
 
 def resolve_rank(
