@@ -17,6 +17,7 @@ import torch.utils.data
 
 from loader import CorruptShardError, IncompatibleStateError, ShardDataset
 from loader import read as read_module
+from loader.batch import Packed
 from shardprep.errors import ChecksumMismatchError, ManifestError
 from shardprep.manifest import read_manifest
 from shardprep.shardformat import decode_index
@@ -138,7 +139,11 @@ def test_batches_collate_decoded_fields_into_tensors(built: Path) -> None:
     batch = next(iter(batch_loader(ds, 0)))
     assert batch["cls"].dtype == torch.int64 and batch["cls"].shape == (8,)
     assert batch["__padded__"].dtype == torch.bool and not batch["__padded__"].any()
-    assert isinstance(batch["bin"], list) and isinstance(batch["bin"][0], bytes)
+    assert isinstance(batch["bin"], Packed) and batch["bin"].data.dtype == torch.uint8
+    classes = {"a": 0, "b": 1, "c": 2}
+    assert batch["bin"].tolist() == [
+        payload(classes[k.split("__")[0]], int(k.split("__")[1])) for k in batch["__key__"]
+    ]
     assert batch["__position__"] == {"epoch": 0, "batch": 0, "num_workers": 1}
     keys = all_keys(built)[:8]
     assert batch["__key__"] == keys
