@@ -76,7 +76,7 @@ def pack(payloads: Sequence[bytes | memoryview]) -> Packed:
     total = int(offsets[-1])
     if torch.utils.data.get_worker_info() is not None:  # as default_collate: no extra copy later
         data = torch.empty(0, dtype=torch.uint8).new(
-            torch.UntypedStorage._new_shared(total)  # type: ignore[attr-defined]
+            torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
     else:
         data = torch.empty(total, dtype=torch.uint8)
