@@ -28,12 +28,15 @@ class LoadVariant:
     system: str  # peer key, "tarfile" or "cat"
     built: str  # build variant whose output is read
     datasets: tuple[str, ...] = DATASETS
+    params: tuple[tuple[str, Any], ...] = ()  # extra loader parameters
 
 
 LOADERS: tuple[LoadVariant, ...] = (
     LoadVariant("cat (floor)", "cat", "webdataset ShardWriter"),
     LoadVariant("tarfile loop", "tarfile", "webdataset ShardWriter"),
     LoadVariant("shardprep", "shardprep", "shardprep w1"),
+    # whole batches made in the workers, payloads packed into shared-memory tensors
+    LoadVariant("shardprep batches", "shardprep", "shardprep w1", params=(("batches", True),)),
     LoadVariant("shardprep zstd", "shardprep", "shardprep zstd w1", ("text",)),
     LoadVariant("webdataset", "webdataset", "webdataset ShardWriter"),
     LoadVariant("MDS StreamingDataset", "mds", "MDSWriter"),
@@ -59,7 +62,7 @@ def load_once(
             "out": str(out),
             "batch_size": BATCH,
             "num_workers": workers,
-            "params": {"shuffle": True},
+            "params": {"shuffle": True, **dict(lv.params)},
         }
         res, _ = run_task(spec, cfg.timeout)
     if "error" in res:

@@ -68,6 +68,10 @@ def _epoch(batches: Any, t0: float) -> dict[str, Any]:
         if ttfb is None:
             ttfb = time.perf_counter() - t0
         steps += 1
+        if hasattr(batch, "offsets"):  # shardprep's packed payload column: (data, offsets)
+            n += len(batch.offsets) - 1
+            nbytes += batch.data.numel()
+            continue
         n += len(batch)
         nbytes += sum(len(b) for b in batch)
     return {
@@ -88,7 +92,8 @@ def task_load(spec: dict[str, Any]) -> dict[str, Any]:
     mod, import_s = _import_peer(spec["system"], "load")
     pss0 = _own_pss()
     t0 = time.perf_counter()
-    dl = mod.loader(spec["out"], spec["batch_size"], spec["num_workers"], collate, spec["params"])
+    make = mod.batch_loader if spec["params"].get("batches") else mod.loader
+    dl = make(spec["out"], spec["batch_size"], spec["num_workers"], collate, spec["params"])
     res = _epoch(dl, t0)
     return {"import_s": import_s, "pss_after_import": pss0, **res}
 

@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from bench.peers.common import PAYLOAD_KEYS
+
 BUILD_IMPORTS = ("shardprep",)  # timed as "import s" of a build
 LOAD_IMPORTS = ("loader", "torch.utils.data")  # timed as "import s" of a load
 
@@ -45,3 +47,22 @@ def loader(
         kw["uneven"] = params["uneven"]
     ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), **kw)
     return DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
+
+
+def batch_loader(
+    out: str,
+    batch_size: int,
+    num_workers: int,
+    collate: Callable[[list[Any]], Any],
+    params: dict[str, Any],
+) -> Iterable[Any]:
+    """``ShardDataset(out, batch_size=B)`` + ``DataLoader(batch_size=None)``: whole batches
+    made in the workers, payloads packed in shared memory. Yields each batch's payload
+    column (a ``loader.batch.Packed``); ``collate`` is not used, the batch is already made."""
+    from torch.utils.data import DataLoader
+
+    from loader import ShardDataset
+
+    ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), batch_size=batch_size)
+    dl = DataLoader(ds, batch_size=None, num_workers=num_workers)
+    return (next(batch[k] for k in PAYLOAD_KEYS if k in batch) for batch in dl)
