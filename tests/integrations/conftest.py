@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,35 @@ def odd_keys(odd_build: Path) -> frozenset[str]:
     keys = [sample["__key__"] for sample in ds]
     assert len(keys) == len(set(keys)) == ODD_SAMPLES
     return frozenset(keys)
+
+
+DECODE_SAMPLES = 101
+IMAGE_SIZE = (8, 6)  # width, height: one size for all, so batches stack
+
+
+def expected_sample(index: int) -> dict[str, Any]:
+    """What sample ``index`` of ``decoded_build`` decodes to: class, array, and its image's pixel value."""
+    return {
+        "cls": index % 3,
+        "npy": [float(index), index + 0.5, -float(index)],
+        "pixel": [index % 256, (3 * index) % 256, 255 - index % 256],
+    }
+
+
+@pytest.fixture(scope="session")
+def decoded_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """101 keyed samples (``<i>.png`` RGB 8x6, ``<i>.npy`` float32[3], ``<i>.cls``) in 4 shards."""
+    import numpy as np
+    from PIL import Image
+
+    base = tmp_path_factory.mktemp("decoded_build")
+    raw = base / "raw"
+    raw.mkdir()
+    for index in range(DECODE_SAMPLES):
+        expected = expected_sample(index)
+        stem = raw / f"{index:05d}"
+        Image.new("RGB", IMAGE_SIZE, tuple(expected["pixel"])).save(f"{stem}.png")
+        np.save(f"{stem}.npy", np.array(expected["npy"], dtype=np.float32))
+        Path(f"{stem}.cls").write_text(str(expected["cls"]))
+    shardprep.build(str(raw), str(base / "out"), shards=4, workers=1, progress=False)
+    return base / "out"
