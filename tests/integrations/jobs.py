@@ -8,6 +8,7 @@ whether the job finished, failed, hung or the test was interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,7 +31,14 @@ def job_env() -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     # a rank variable leaking from an outer launcher would confuse the job's own launcher
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         env.pop(name, None)
     return env
 
@@ -62,10 +70,8 @@ def run_job(args: list[str], timeout: float) -> str:
         assert proc.returncode == 0, f"job exited {proc.returncode}: {args}\n{output[-6000:]}"
         return output
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
             os.killpg(proc.pid, signal.SIGKILL)  # ranks, relaunched ranks and workers alike
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

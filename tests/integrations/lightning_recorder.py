@@ -108,8 +108,9 @@ class KeyRecorder(L.LightningModule):
                 "keys": list(batch["__key__"]),
             }
         )
-        real = (~batch["__padded__"]).float().sum()
-        return ((self.weight - 1) * real).pow(2).sum()
+        real: torch.Tensor = (~batch["__padded__"]).float().sum()
+        loss: torch.Tensor = ((self.weight - 1) * real).pow(2).sum()
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-4)
@@ -168,7 +169,9 @@ def run_fit(name: str, data: str, workdir: Path) -> None:
         num_sanity_val_steps=0,
     )
     model = KeyRecorder(data, fit, record)
-    ckpt_path = None if fit.resume is None else workdir / fit.resume[0] / "checkpoints" / fit.resume[1]
+    ckpt_path = (
+        None if fit.resume is None else workdir / fit.resume[0] / "checkpoints" / fit.resume[1]
+    )
     trainer.fit(model, ckpt_path=ckpt_path)
 
 

@@ -6,7 +6,6 @@ One torchrun job (``accelerate_job.py``) runs every part of ``PARTS`` in turn.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from accelerate.data_loader import IterableDatasetShard
 
 from loader import ShardDataset, WorldMismatchError
 from loader.guards import check_not_resplit
+from loader.stream import EpochStream
 from tests.integrations.accelerate_job import BATCH_SIZE, PARTS
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import read_ranks, run_job, torchrun_job
@@ -96,7 +96,7 @@ def test_prepare_without_dispatch_silently_resplits_samples(parts: dict[str, lis
 class GuardedShardDataset(ShardDataset):
     """ShardDataset with the guard wired in (as ``ShardDataset.__iter__`` would call it)."""
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> EpochStream:
         check_not_resplit()
         return super().__iter__()
 
@@ -105,7 +105,9 @@ def test_guard_refuses_accelerate_resplitting(odd_build: Path) -> None:
     dataset = GuardedShardDataset(str(odd_build), rank=0, world_size=2)
     wrapped = IterableDatasetShard(dataset, batch_size=BATCH_SIZE, num_processes=2, process_index=0)
     loader = torch.utils.data.DataLoader(wrapped, batch_size=BATCH_SIZE, num_workers=1)
-    with pytest.raises(WorldMismatchError, match=r"do not pass its DataLoader to accelerator\.prepare"):
+    with pytest.raises(
+        WorldMismatchError, match=r"do not pass its DataLoader to accelerator\.prepare"
+    ):
         next(iter(loader))
 
 

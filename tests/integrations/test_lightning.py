@@ -29,7 +29,9 @@ Steps = list[list[str]]  # the keys of each step of one rank
 def fits(odd_build: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     """Run the Lightning job once; each fit's per-rank records."""
     workdir = tmp_path_factory.mktemp("lightning")
-    run_job(python_job("lightning_job.py", "--data", str(odd_build), "--workdir", str(workdir)), 240)
+    run_job(
+        python_job("lightning_job.py", "--data", str(odd_build), "--workdir", str(workdir)), 240
+    )
     return {name: read_ranks(workdir / name, WORLD) for name in FITS}
 
 

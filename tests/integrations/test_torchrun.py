@@ -58,7 +58,11 @@ def test_decoded_batches_are_stacked_tensors(ranks: list[Any]) -> None:
                 assert step["fields"] == {
                     "cls": {"type": "Tensor", "dtype": "torch.int64", "shape": [n]},
                     "npy": {"type": "Tensor", "dtype": "torch.float32", "shape": [n, 3]},
-                    "png": {"type": "Tensor", "dtype": "torch.uint8", "shape": [n, 3, height, width]},
+                    "png": {
+                        "type": "Tensor",
+                        "dtype": "torch.uint8",
+                        "shape": [n, 3, height, width],
+                    },
                 }
                 expected = [expected_sample(int(key)) for key in step["keys"]]
                 assert step["cls"] == [e["cls"] for e in expected]
