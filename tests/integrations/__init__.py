@@ -1,0 +1,1 @@
+"""The loader inside real training stacks: Lightning, accelerate, torchrun, torchdata."""

@@ -1,0 +1,187 @@
+"""The Lightning side of ``lightning_job.py``: fits whose model records the keys it trains on.
+
+One job runs several ``Trainer.fit`` calls in turn (``FITS``), on the same two
+DDP processes: starting Lightning's ranks costs far more than a fit of 30
+small steps. Every fit builds a new model, dataset and DataLoader, so each
+starts where a fresh process would (ShardDataset's epoch count at 0).
+
+Each rank writes ``<workdir>/<fit>/rank<r>.json``: the keys of every batch it
+trained on, with the batch's epoch and position, plus the loader's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from loader import ShardDataset
+from loader.batch import POSITION
+
+BATCH_SIZE = 32
+NUM_WORKERS = 2
+EPOCHS = 2
+STOP_AT_STEP = 20  # the interrupted fit stops here, in the middle of epoch 1
+SAVE_EVERY = 5  # and checkpoints every 5 steps: step=15 is the last batch of epoch 0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One ``Trainer.fit``: its DataLoader, where the dataset is built, and what it resumes."""
+
+    stateful: bool = False  # torchdata StatefulDataLoader (Lightning checkpoints its state)
+    build_in_init: bool = False  # ShardDataset built in the module's __init__, before DDP starts
+    persistent: bool = False  # persistent DataLoader workers
+    hooks: bool = False  # keep ds.state_after(last batch) in the checkpoint; resume from it
+    stop: bool = False  # stop at STOP_AT_STEP, checkpointing every SAVE_EVERY steps and epoch
+    resume: tuple[str, str] | None = None  # (a "stop" fit, its checkpoint file) to resume from
+
+
+FITS: dict[str, Fit] = {
+    # uninterrupted, 2 epochs: the reference for every resume below
+    "plain": Fit(build_in_init=True, persistent=True),
+    # interrupted at step 20 (mid-epoch 1), then resumed from its checkpoints
+    "stop-stateful": Fit(stateful=True, stop=True),
+    "stateful-from-step20": Fit(stateful=True, resume=("stop-stateful", "step=20.ckpt")),
+    "stateful-from-step15": Fit(stateful=True, resume=("stop-stateful", "step=15.ckpt")),
+    "stateful-from-epoch-end": Fit(stateful=True, resume=("stop-stateful", "epoch=0-end.ckpt")),
+    "stop-hooks": Fit(hooks=True, stop=True),
+    "hooks-from-step20": Fit(hooks=True, resume=("stop-hooks", "step=20.ckpt")),
+    "hooks-from-step15": Fit(hooks=True, resume=("stop-hooks", "step=15.ckpt")),
+    "hooks-from-epoch-end": Fit(hooks=True, resume=("stop-hooks", "epoch=0-end.ckpt")),
+}
+
+
+class KeyRecorder(L.LightningModule):
+    """A one-parameter model whose training step records the keys of its batch."""
+
+    def __init__(self, data: str, fit: Fit, record: Path) -> None:
+        super().__init__()
+        self.data, self.fit, self.record = data, fit, record
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.steps: list[dict[str, Any]] = []
+        self.loader_len: int | None = None
+        self.last_position: dict[str, int] | None = None
+        self.shard_state: dict[str, Any] | None = None  # from the checkpoint (hooks)
+        # built before the process group exists: the rank is resolved when iteration starts
+        self.dataset = self._dataset() if fit.build_in_init else None
+
+    def _dataset(self) -> ShardDataset:
+        return ShardDataset(self.data, batch_size=BATCH_SIZE, shuffle_buffer=128, block_size=64)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        if self.dataset is None:
+            self.dataset = self._dataset()
+        dataset = self.dataset
+        if self.shard_state is not None:
+            resume_dataset(dataset, self.shard_state)
+        # forkserver, never fork: gloo's threads can deadlock a forked worker on Python 3.11
+        options: dict[str, Any] = {
+            "batch_size": None,
+            "num_workers": NUM_WORKERS,
+            "multiprocessing_context": "forkserver",
+            "persistent_workers": self.fit.persistent,
+        }
+        loader_type = StatefulDataLoader if self.fit.stateful else DataLoader
+        loader: DataLoader[Any] = loader_type(dataset, **options)
+        self.loader_len = len(loader)
+        return loader
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        position = batch[POSITION]
+        self.last_position = dict(position)
+        self.steps.append(
+            {
+                "epoch": self.current_epoch,
+                "global_step": self.global_step,
+                "batch_idx": batch_idx,
+                "position": [position["epoch"], position["batch"]],
+                "keys": list(batch["__key__"]),
+            }
+        )
+        real: torch.Tensor = (~batch["__padded__"]).float().sum()
+        loss: torch.Tensor = ((self.weight - 1) * real).pow(2).sum()
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.fit.hooks and self.last_position is not None:
+            # the same on every rank: rank 0's copy, the one Lightning writes, fits all
+            assert self.dataset is not None
+            checkpoint["shard_state"] = self.dataset.state_after({POSITION: self.last_position})
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.fit.hooks:
+            self.shard_state = checkpoint["shard_state"]
+
+    def on_train_end(self) -> None:
+        result = {
+            "steps": self.steps,
+            "loader_len": self.loader_len,
+            "num_training_batches": self.trainer.num_training_batches,
+            "world_size": self.trainer.world_size,
+        }
+        (self.record / f"rank{self.global_rank}.json").write_text(json.dumps(result))
+
+
+def resume_dataset(dataset: ShardDataset, state: dict[str, Any]) -> None:
+    """Continue after ``state`` (from ``state_after``); a state at its epoch's end starts the next."""
+    if state["batches"] == len(dataset):
+        dataset.set_epoch(state["epoch"] + 1)
+    else:
+        dataset.resume(state)
+
+
+def run_fit(name: str, data: str, workdir: Path) -> None:
+    fit = FITS[name]
+    record = workdir / name
+    record.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = record / "checkpoints"
+    callbacks: list[L.Callback] = []
+    if fit.stop:
+        callbacks = [
+            ModelCheckpoint(ckpt_dir, "{step}", every_n_train_steps=SAVE_EVERY, save_top_k=-1),
+            # saved by on_train_epoch_end: after epoch 0, and again when max_steps ends epoch 1
+            ModelCheckpoint(ckpt_dir, "{epoch}-end", save_top_k=-1, save_on_train_epoch_end=True),
+        ]
+    trainer = L.Trainer(
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=EPOCHS,
+        max_steps=STOP_AT_STEP if fit.stop else -1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+    )
+    model = KeyRecorder(data, fit, record)
+    ckpt_path = (
+        None if fit.resume is None else workdir / fit.resume[0] / "checkpoints" / fit.resume[1]
+    )
+    trainer.fit(model, ckpt_path=ckpt_path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--fits", default=",".join(FITS), help="comma-separated names in FITS")
+    args = parser.parse_args()
+    # Workers unpickle a ShardDataset: import torch and the loader once, in the fork server.
+    multiprocessing.set_forkserver_preload(["loader"])
+    for name in args.fits.split(","):
+        run_fit(name, args.data, args.workdir)
