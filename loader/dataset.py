@@ -20,6 +20,7 @@ from loader.batch import POSITION, collate_samples
 from loader.decode import make_decoder
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
+from loader.guards import check_not_resplit
 from loader.order import epoch_order
 from loader.partition import (
     Uneven,
@@ -207,24 +208,36 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     # --- iteration ----------------------------------------------------------------
 
     def __iter__(self) -> EpochStream:
+        check_not_resplit()
         info = worker_info()  # None in the main process (num_workers=0)
         worker, num_workers = info or (0, 1)
         rank, world_size = self._world()
         counter = None if info is None else worker
-        epoch = self.progress.claim(counter)
-        return EpochStream(self, epoch, World(rank, world_size, worker, num_workers), counter)
+        epoch, explicit = self.progress.claim(counter)
+        world = World(rank, world_size, worker, num_workers)
+        return EpochStream(self, epoch, world, counter, explicit)
+
+    def _slot_samples(self, world_size: int, num_workers: int) -> list[int]:
+        """Samples of each worker slot per epoch: whole batches per slot with a batch size."""
+        per_rank = samples_per_rank(self._total, world_size, self.uneven)
+        if self.batch_size is None:
+            return slot_counts(per_rank, num_workers)
+        return batch_slot_counts(per_rank, num_workers, self.batch_size, self.drop_last)
+
+    def items_per_slot(self, world_size: int, num_workers: int) -> list[int]:
+        """Items (batches, or samples without a batch size) each worker slot yields per epoch."""
+        counts = self._slot_samples(world_size, num_workers)
+        if self.batch_size is None:
+            return counts
+        return [-(-count // self.batch_size) for count in counts]
 
     def items(self, epoch: int, world: World, skip: int) -> Iterator[Any]:
         """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones."""
-        per_rank = samples_per_rank(self._total, world.world_size, self.uneven)
         batch = self.batch_size
         # → the epoch's block order, identical on every rank and worker
         order = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
         # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
-        if batch is None:
-            counts = slot_counts(per_rank, world.num_workers)
-        else:
-            counts = batch_slot_counts(per_rank, world.num_workers, batch, self.drop_last)
+        counts = self._slot_samples(world.world_size, world.num_workers)
         pieces = partition(order, self._total, world, self.uneven, counts)
         reader = ShardReader(self.source, self.manifest, self.verify, self._expander(epoch))
         decoder = make_decoder(self.decode, self.allow_pickle)
@@ -333,7 +346,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         """Continue from :meth:`state_after`'s result: the next pass streams the rest of that epoch.
 
         Call it before iterating the DataLoader (it reaches persistent workers
-        too). The epochs after it follow as usual.
+        too). The epochs after it follow as usual. A state saved on an epoch's
+        last batch makes the next pass the following epoch.
 
         Raises:
             IncompatibleStateError: the state is from another build, seed,
@@ -346,6 +360,9 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise IncompatibleStateError.field_differs(
                 "batches", state["batches"], f"at most {len(self) if self.batch_size else 0}"
             )
+        if state["batches"] == len(self):
+            self.set_epoch(int(state["epoch"]) + 1)
+            return
         self.progress.set_resume(
             ResumePoint(int(state["epoch"]), int(state["batches"]), int(state["num_workers"]))
         )

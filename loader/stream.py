@@ -29,11 +29,17 @@ class EpochStream:
     """Items (batches, or samples without a batch size) of one worker slot in one epoch."""
 
     def __init__(
-        self, dataset: ShardDataset, epoch: int, world: World, counter: int | None
+        self,
+        dataset: ShardDataset,
+        epoch: int,
+        world: World,
+        counter: int | None,
+        explicit: bool = False,
     ) -> None:
         self._dataset = dataset
         self._world = world  # .worker is the DataLoader worker id
         self._counter = counter  # whose epoch counter this pass advanced (None: main process)
+        self._explicit = explicit  # the epoch was chosen by set_epoch for this pass
         self._epoch = epoch
         self._slot, self._yielded = world.worker, 0
         point = dataset.progress.resume_for(epoch)
@@ -47,6 +53,7 @@ class EpochStream:
                 )
             self._slot, self._yielded = rank_resume(point.batches, point.num_workers, world.worker)
         self._items: Iterator[Any] | None = None
+        self._restored_at_end = False  # a torchdata state put this slot at its epoch's end
 
     @property
     def epoch(self) -> int:
@@ -57,6 +64,9 @@ class EpochStream:
         return self
 
     def __next__(self) -> Any:
+        if self._restored_at_end:
+            self._restored_at_end = False
+            self._start_next_epoch_if_complete()
         if self._items is None:
             slot_world = World(
                 self._world.rank, self._world.world_size, self._slot, self._world.num_workers
@@ -65,6 +75,30 @@ class EpochStream:
         item = next(self._items)
         self._yielded += 1
         return item
+
+    def _start_next_epoch_if_complete(self) -> None:
+        """After a restore at this slot's end: if every slot was at its end, stream the next epoch.
+
+        Lightning saves a state on an epoch's last batch and never asks past
+        ``len()``, so torchdata restores it as unfinished; without this the
+        next epoch would yield nothing. torchdata resumes its worker rotation
+        after the worker that delivered the epoch's last batch, so with a
+        batch size worker ``d`` plays slot ``(d - last - 1) % num_workers``
+        and the batches of the new epoch still arrive as 0, 1, 2, ... (without
+        a batch size the DataLoader's batching is unknown here, and worker
+        ``d`` plays slot ``d``: the same samples, possibly interleaved differently).
+        """
+        num_workers = self._world.num_workers
+        slots = self._dataset.progress.restored_slots(self._epoch, num_workers)
+        if slots is None:
+            return  # other slots still have batches of this epoch
+        slot = self._world.worker
+        if self._dataset.batch_size is not None:
+            batches = sum(self._dataset.items_per_slot(self._world.world_size, num_workers))
+            last_worker = slots.index((batches - 1) % num_workers) if batches else -1
+            slot = (self._world.worker - last_worker - 1) % num_workers
+        self._epoch, self._slot, self._yielded = self._epoch + 1, slot, 0
+        self._dataset.progress.continue_after(self._counter, self._epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON-able dict (torchdata calls it on every batch)."""
@@ -78,6 +112,12 @@ class EpochStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``'s result; only before the first item.
 
+        If ``set_epoch`` chose another epoch for this pass, it wins and the
+        state is dropped (as ``set_epoch`` drops a pending ``resume()`` of
+        another epoch): a trainer that names its epochs is never held in a
+        stale one. Lightning restores a state saved on an epoch's last batch
+        as unfinished, so without this the next epoch would yield nothing.
+
         Raises:
             IncompatibleStateError: the state is from another build, options,
                 world size or number of workers.
@@ -85,9 +125,16 @@ class EpochStream:
         if self._items is not None:
             raise RuntimeError("load_state_dict() must come before the stream's first item")
         check_state(state, self._dataset.fingerprint(self._world.num_workers), _POSITION)
+        if self._explicit and state["epoch"] != self._epoch:
+            return
         if state["slot"] >= self._world.num_workers:
             raise IncompatibleStateError.field_differs(
                 "slot", state["slot"], f"< {self._world.num_workers}"
             )
         self._epoch, self._slot, self._yielded = (int(state[f]) for f in _POSITION)
         self._dataset.progress.continue_after(self._counter, self._epoch)
+        per_slot = self._dataset.items_per_slot(self._world.world_size, self._world.num_workers)
+        self._restored_at_end = self._yielded >= per_slot[self._slot]
+        self._dataset.progress.report_restored(
+            self._world.worker, self._epoch, self._slot, self._restored_at_end
+        )

@@ -42,6 +42,9 @@ class Fit:
     build_in_init: bool = False  # ShardDataset built in the module's __init__, before DDP starts
     persistent: bool = False  # persistent DataLoader workers
     hooks: bool = False  # keep ds.state_after(last batch) in the checkpoint; resume from it
+    # the docs' Lightning recipe: train_dataloader() sets the epoch Lightning's fit loop is about
+    # to run, so that a fit resumed from an epoch-end checkpoint does not replay epoch 0's order
+    epoch_hook: bool = False
     stop: bool = False  # stop at STOP_AT_STEP, checkpointing every SAVE_EVERY steps and epoch
     resume: tuple[str, str] | None = None  # (a "stop" fit, its checkpoint file) to resume from
 
@@ -50,10 +53,16 @@ FITS: dict[str, Fit] = {
     # uninterrupted, 2 epochs: the reference for every resume below
     "plain": Fit(build_in_init=True, persistent=True),
     # interrupted at step 20 (mid-epoch 1), then resumed from its checkpoints
-    "stop-stateful": Fit(stateful=True, stop=True),
-    "stateful-from-step20": Fit(stateful=True, resume=("stop-stateful", "step=20.ckpt")),
-    "stateful-from-step15": Fit(stateful=True, resume=("stop-stateful", "step=15.ckpt")),
-    "stateful-from-epoch-end": Fit(stateful=True, resume=("stop-stateful", "epoch=0-end.ckpt")),
+    "stop-stateful": Fit(stateful=True, epoch_hook=True, stop=True),
+    "stateful-from-step20": Fit(
+        stateful=True, epoch_hook=True, resume=("stop-stateful", "step=20.ckpt")
+    ),
+    "stateful-from-step15": Fit(
+        stateful=True, epoch_hook=True, resume=("stop-stateful", "step=15.ckpt")
+    ),
+    "stateful-from-epoch-end": Fit(
+        stateful=True, epoch_hook=True, resume=("stop-stateful", "epoch=0-end.ckpt")
+    ),
     "stop-hooks": Fit(hooks=True, stop=True),
     "hooks-from-step20": Fit(hooks=True, resume=("stop-hooks", "step=20.ckpt")),
     "hooks-from-step15": Fit(hooks=True, resume=("stop-hooks", "step=15.ckpt")),
@@ -83,7 +92,9 @@ class KeyRecorder(L.LightningModule):
             self.dataset = self._dataset()
         dataset = self.dataset
         if self.shard_state is not None:
-            resume_dataset(dataset, self.shard_state)
+            dataset.resume(self.shard_state)
+        if self.fit.epoch_hook:
+            dataset.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
         # forkserver, never fork: gloo's threads can deadlock a forked worker on Python 3.11
         options: dict[str, Any] = {
             "batch_size": None,
@@ -133,14 +144,6 @@ class KeyRecorder(L.LightningModule):
             "world_size": self.trainer.world_size,
         }
         (self.record / f"rank{self.global_rank}.json").write_text(json.dumps(result))
-
-
-def resume_dataset(dataset: ShardDataset, state: dict[str, Any]) -> None:
-    """Continue after ``state`` (from ``state_after``); a state at its epoch's end starts the next."""
-    if state["batches"] == len(dataset):
-        dataset.set_epoch(state["epoch"] + 1)
-    else:
-        dataset.resume(state)
 
 
 def run_fit(name: str, data: str, workdir: Path) -> None:

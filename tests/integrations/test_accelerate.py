@@ -14,8 +14,6 @@ import torch.utils.data
 from accelerate.data_loader import IterableDatasetShard
 
 from loader import ShardDataset, WorldMismatchError
-from loader.guards import check_not_resplit
-from loader.stream import EpochStream
 from tests.integrations.accelerate_job import BATCH_SIZE, PARTS
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import read_ranks, run_job, torchrun_job
@@ -77,32 +75,19 @@ def test_prepare_without_dispatch_fails_in_batch_mode(parts: dict[str, list[Any]
 
 
 @pytest.mark.distributed
-def test_prepare_without_dispatch_silently_resplits_samples(parts: dict[str, list[Any]]) -> None:
-    """Sample mode + dispatch_batches=False: no error, and each rank sees about half its share.
-
-    IterableDatasetShard runs inside each of the 2 workers of a rank: a worker's
-    235 samples are grouped by 2 x 32, and the rank keeps its 32 of each group,
-    the last group filled by wrap-around: 4 batches per worker, 8 per rank.
-    """
+def test_prepare_without_dispatch_refuses_to_resplit_samples(parts: dict[str, list[Any]]) -> None:
+    """Sample mode + dispatch_batches=False: accelerate's IterableDatasetShard would split each
+    rank's share again inside every worker (without the guard: 8 batches of 32 per rank, 428 of
+    940 samples never trained on, no error). ShardDataset refuses it with the fix."""
     records = parts["prepared-samples-nodispatch"]
-    seen = [set(rank_keys(records, rank)) for rank in range(WORLD)]
     for rank in range(WORLD):
-        assert "error" not in records[rank]
-        assert [len(step) for step in records[rank]["steps"]] == [BATCH_SIZE] * 8
-        assert len(seen[rank]) == 8 * BATCH_SIZE < PER_RANK
-    assert len(seen[0] | seen[1]) == 2 * 8 * BATCH_SIZE  # of 940: 428 samples never trained on
-
-
-class GuardedShardDataset(ShardDataset):
-    """ShardDataset with the guard wired in (as ``ShardDataset.__iter__`` would call it)."""
-
-    def __iter__(self) -> EpochStream:
-        check_not_resplit()
-        return super().__iter__()
+        assert records[rank]["steps"] == []
+        assert "WorldMismatchError" in records[rank]["error"]
+        assert "do not pass its DataLoader to accelerator.prepare()" in records[rank]["error"]
 
 
 def test_guard_refuses_accelerate_resplitting(odd_build: Path) -> None:
-    dataset = GuardedShardDataset(str(odd_build), rank=0, world_size=2)
+    dataset = ShardDataset(str(odd_build), rank=0, world_size=2)
     wrapped = IterableDatasetShard(dataset, batch_size=BATCH_SIZE, num_processes=2, process_index=0)
     loader = torch.utils.data.DataLoader(wrapped, batch_size=BATCH_SIZE, num_workers=1)
     batches = iter(loader)
@@ -114,6 +99,6 @@ def test_guard_refuses_accelerate_resplitting(odd_build: Path) -> None:
 
 
 def test_guard_accepts_a_plain_worker(odd_build: Path) -> None:
-    dataset = GuardedShardDataset(str(odd_build), rank=0, world_size=2, batch_size=BATCH_SIZE)
+    dataset = ShardDataset(str(odd_build), rank=0, world_size=2, batch_size=BATCH_SIZE)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
     assert sum(len(batch["__key__"]) for batch in loader) == PER_RANK

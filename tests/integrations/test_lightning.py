@@ -96,25 +96,15 @@ def test_state_after_in_checkpoint_resumes_exactly(
         assert keys(fits[f"hooks-from-{checkpoint}"], rank) == full[done:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Lightning 2.6.6 + torchdata 0.11: a StatefulDataLoader state saved after the last batch "
-    "of an epoch is restored unfinished (Lightning never asks for a batch past len()), so the "
-    "next epoch yields nothing",
-)
 def test_stateful_dataloader_from_last_batch_checkpoint(fits: dict[str, list[Any]]) -> None:
+    """Lightning restores a state saved on an epoch's last batch as unfinished (it never asks
+    past len()): the restored workers see that the whole epoch was delivered and stream the next."""
     for rank in range(WORLD):
         assert keys(fits["stateful-from-step15"], rank) == keys(fits["plain"], rank)[BATCHES:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Lightning 2.6.6 does not restore a DataLoader state from an epoch-end checkpoint "
-    "(it is not 'restarting'); the fresh ShardDataset counts epochs from 0 again and the next "
-    "epoch replays epoch 0's order",
-)
 def test_stateful_dataloader_from_epoch_end_checkpoint(fits: dict[str, list[Any]]) -> None:
+    """Lightning does not restore a loader state from an epoch-end checkpoint: the recipe's
+    set_epoch in train_dataloader() keeps the fresh dataset from replaying epoch 0's order."""
     for rank in range(WORLD):
         assert keys(fits["stateful-from-epoch-end"], rank) == keys(fits["plain"], rank)[BATCHES:]
