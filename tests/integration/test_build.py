@@ -76,7 +76,7 @@ def test_output_files_and_summary_counts(built: Path) -> None:
 def test_manifest_fields(built: Path) -> None:
     data = json.loads((built / "manifest.json").read_text())
     assert data["format"] == "shardprep-manifest"
-    assert data["version"] == 1
+    assert data["version"] == 2  # 2: per-sample checksums in the index, index_bytes
     assert data["options"]["shards"] == 8
     assert data["options"]["compression"] == "none"
     assert data["options"]["seed"] == 0
@@ -108,6 +108,7 @@ def test_manifest_fields(built: Path) -> None:
         path = built / s["file"]
         assert s["sha256"] == _sha256(path)
         assert s["index_sha256"] == _sha256(built / s["index_file"])
+        assert s["index_bytes"] == (built / s["index_file"]).stat().st_size
         assert s["num_bytes"] == s["tar_bytes"] == path.stat().st_size
 
 
