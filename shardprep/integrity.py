@@ -33,6 +33,7 @@ __all__ = [
     "MAX_ZSTD_RATIO",
     "FrameError",
     "check_index",
+    "damaged_samples",
     "decompress_frame",
     "first_damaged_sample",
     "salvage_frame",
@@ -272,19 +273,41 @@ def salvage_frame(frame: bytes, span: int) -> bytes:
     return bytes(out)
 
 
+def damaged_samples(
+    index: ShardIndex,
+    data: bytes | memoryview,
+    base: int,
+    start: int,
+    stop: int,
+    first_only: bool = False,
+) -> list[int]:
+    """Samples of ``start..stop-1`` with a member missing from ``data`` or failing its checksum.
+
+    ``data`` holds the tar bytes from offset ``base``; ``first_only`` stops at the first one.
+    """
+    view = memoryview(data)
+    starts, offsets, sizes, hashes = (
+        index.member_start,
+        index.member_offset,
+        index.member_size,
+        index.member_hash,
+    )
+    found = []
+    for i in range(start, stop):
+        for m in range(int(starts[i]), int(starts[i + 1])):
+            a = int(offsets[m]) - base
+            b = a + int(sizes[m])
+            if b > len(view) or payload_checksum(view[a:b]) != int(hashes[m]):
+                found.append(i)
+                if first_only:
+                    return found
+                break
+    return found
+
+
 def first_damaged_sample(
     index: ShardIndex, data: bytes | memoryview, base: int, start: int, stop: int
 ) -> int:
-    """The first sample of ``start..stop-1`` with a member missing from ``data`` or failing its checksum.
-
-    ``data`` holds the tar bytes from offset ``base``. Returns ``stop`` if
-    every sample is complete and intact.
-    """
-    view = memoryview(data)
-    for i in range(start, stop):
-        for m in range(int(index.member_start[i]), int(index.member_start[i + 1])):
-            a = int(index.member_offset[m]) - base
-            b = a + int(index.member_size[m])
-            if b > len(view) or payload_checksum(view[a:b]) != int(index.member_hash[m]):
-                return i
-    return stop
+    """The first of :func:`damaged_samples`, or ``stop`` if every sample is complete and intact."""
+    found = damaged_samples(index, data, base, start, stop, first_only=True)
+    return found[0] if found else stop
