@@ -37,7 +37,7 @@ from shardprep.integrity import (
 from shardprep.manifest import Manifest
 from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
 
-__all__ = ["Chunk", "ShardReader"]
+__all__ = ["Chunk", "ShardReader", "UncheckedChunk"]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
@@ -143,6 +143,32 @@ class Chunk:
         )
 
 
+class UncheckedChunk(Chunk):
+    """A :class:`Chunk` that hands samples out without checking their checksums (opt-out)."""
+
+    __slots__ = ()
+
+    def sample(self, j: int) -> dict[str, Any]:
+        """Sample ``j`` of the chunk, unchecked."""
+        extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
+        if self._selection is not None:
+            j = self._selection[j]
+        out: dict[str, Any] = {"__key__": self._keys[j], "__padded__": self.padded}
+        if extra:
+            out.update(extra)
+        data, exts, offset, size, ext = (
+            self._data,
+            self._exts,
+            self._offset,
+            self._size,
+            self._member_ext,
+        )
+        for m in range(self._member_start[j], self._member_start[j + 1]):
+            start = offset[m]
+            out[exts[ext[m]]] = data[start : start + size[m]]
+        return out
+
+
 class ShardReader:
     """Reads sample ranges of one output's shards; one per worker process, made lazily."""
 
@@ -152,8 +178,12 @@ class ShardReader:
         manifest: Manifest,
         verify: bool = False,
         expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
+        checksums: bool = True,
     ) -> None:
+        """``checksums=False`` hands samples out without checking their member checksums
+        (everything else is still checked); for the rare job where that cost matters."""
         self._source = source
+        self._chunk = Chunk if checksums else UncheckedChunk
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
@@ -263,7 +293,7 @@ class ShardReader:
                 raise self._corrupt(
                     piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
                 )
-            return Chunk(data, begin, index, piece, shard, selection, extra)
+            return self._chunk(data, begin, index, piece, shard, selection, extra)
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0 = int(np.searchsorted(frames, piece.start, side="right")) - 1
         f1 = int(np.searchsorted(frames, piece.stop, side="left"))
@@ -279,7 +309,7 @@ class ShardReader:
                 parts.append(decompress_frame(self._zstd, compressed[a:b], span))
             except FrameError as err:
                 parts.append(self._salvage(piece, index, f, compressed[a:b], span, err))
-        return Chunk(b"".join(parts), base, index, piece, shard, selection, extra)
+        return self._chunk(b"".join(parts), base, index, piece, shard, selection, extra)
 
     def _salvage(
         self,

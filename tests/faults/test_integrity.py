@@ -197,3 +197,29 @@ def test_intact_output_reads_and_verifies_clean(built: Path, built_zstd: Path) -
         assert len(samples) == read_manifest(str(out)).num_samples
         assert not any(s["__padded__"] for s in samples)
     assert np.all(index_of(built, 0).member_hash != 0)
+
+
+def test_checksums_can_be_turned_off_on_the_reader(built: Path, tmp_path: Path) -> None:
+    """The opt-out (ShardReader(checksums=False)) hands the damaged bytes out unchecked."""
+    from loader.order import SampleRange
+    from loader.read import ShardReader
+    from loader.source import Source
+
+    out = copy_output(built, tmp_path / "out")
+    index = index_of(out, 4)
+    offset = int(index.member_offset[int(index.member_start[6])])
+    _flip(out / "shard-00004.tar", offset)
+    source = Source(str(out))
+    piece = SampleRange(4, 0, index.num_samples, False)
+    readers = [ShardReader(source, source.manifest(), checksums=flag) for flag in (True, False)]
+    try:
+        checked, unchecked = (reader.read(piece) for reader in readers)
+    finally:
+        for reader in readers:
+            reader.close()
+    with pytest.raises(CorruptShardError):
+        checked.sample(6)
+    assert len([unchecked.sample(j) for j in range(len(unchecked))]) == index.num_samples
+    intact = ShardDataset(str(built), shuffle=False)
+    original = next(s["bin"] for s in intact if s["__key__"] == index.key(6))
+    assert unchecked.sample(6)["bin"] != original  # the damaged bytes, handed out
