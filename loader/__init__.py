@@ -12,15 +12,19 @@ from loader.errors import (
     CorruptShardError,
     IncompatibleStateError,
     LoaderError,
+    UnreachableError,
     WorldMismatchError,
 )
+from loader.source import RemoteOptions
 from loader.world import World
 
 __all__ = [
     "CorruptShardError",
     "IncompatibleStateError",
     "LoaderError",
+    "RemoteOptions",
     "ShardDataset",
+    "UnreachableError",
     "World",
     "WorldMismatchError",
 ]

@@ -5,6 +5,7 @@
     LoaderError
     ├── CorruptShardError       a shard's bytes disagree with its index (.shard, .key, .offset)
     ├── IncompatibleStateError  a resume state from another dataset/seed/world (.field, .saved, .current)
+    ├── UnreachableError        a remote read kept failing: server down, silent or cutting off (.url)
     └── WorldMismatchError      rank/world size cannot be determined consistently
 """
 
@@ -14,7 +15,13 @@ from typing import Any
 
 from shardprep.errors import LoaderError
 
-__all__ = ["CorruptShardError", "IncompatibleStateError", "LoaderError", "WorldMismatchError"]
+__all__ = [
+    "CorruptShardError",
+    "IncompatibleStateError",
+    "LoaderError",
+    "UnreachableError",
+    "WorldMismatchError",
+]
 
 
 class CorruptShardError(LoaderError, OSError):
@@ -73,6 +80,35 @@ class IncompatibleStateError(LoaderError, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (IncompatibleStateError, str(self), self.__dict__))
+
+
+class UnreachableError(LoaderError, ConnectionError):
+    """A remote file could not be read: every attempt failed with a transport error.
+
+    Build one with :meth:`after`; ``.url`` is the file's URL.
+    """
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+    @classmethod
+    def after(
+        cls, url: str, attempts: int, seconds: float, last: BaseException, timeouts: str
+    ) -> UnreachableError:
+        """The error for ``url`` after ``attempts`` failed attempts over ``seconds``."""
+        return cls(
+            f"{url}: could not reach the server: {attempts} attempts failed in {seconds:.1f} s "
+            f"(last: {type(last).__name__}: {last or 'no details'}); check the URL, the network "
+            f"and that the server is up ({timeouts}; see RemoteOptions in docs/loader.md)",
+            url=url,
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (UnreachableError, str(self), self.__dict__))
 
 
 class WorldMismatchError(LoaderError, ValueError):

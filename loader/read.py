@@ -5,6 +5,12 @@ and size, so a range is one ``pread`` (``.tar``) or the decompression of the
 zstd frames that cover it (``.tar.zst``), and samples are slices of that
 buffer. One ``ShardReader`` lives in each worker; it keeps one shard file open
 and the indexes of the shards it is reading.
+
+Nothing is trusted unchecked: an index must match its manifest entry (sha256,
+then ``shardprep.integrity.check_index``) before it is used, every read is
+bounded by the index and the file's size, a zstd frame is decompressed only
+to the span its index gives it, and each sample's checksum is compared when
+the sample is handed out (``Chunk.sample``).
 """
 
 from __future__ import annotations
@@ -19,12 +25,19 @@ import numpy.typing as npt
 
 from loader.errors import CorruptShardError
 from loader.order import SampleRange
-from loader.source import Source, retry
+from loader.source import Source
 from shardprep.errors import ChecksumMismatchError, ManifestError
+from shardprep.integrity import (
+    FrameError,
+    check_index,
+    decompress_frame,
+    first_damaged_sample,
+    salvage_frame,
+)
 from shardprep.manifest import Manifest
-from shardprep.shardformat import ShardIndex, decode_index
+from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
 
-__all__ = ["Chunk", "ShardReader"]
+__all__ = ["Chunk", "ShardReader", "UncheckedChunk"]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
@@ -32,16 +45,24 @@ INDEX_CACHE_BYTES = 32 << 20  # shard indexes kept per worker (about 100 bytes p
 
 
 class Chunk:
-    """The bytes of consecutive samples of one shard, and how to cut them into samples."""
+    """The bytes of consecutive samples of one shard, and how to cut them into samples.
+
+    :meth:`sample` checks the sample's checksum before handing it out.
+    """
 
     __slots__ = (
+        "_base",
         "_data",
         "_exts",
+        "_first",
+        "_hash",
+        "_index",
         "_keys",
         "_member_ext",
         "_member_start",
         "_offset",
         "_selection",
+        "_shard",
         "_size",
         "extra",
         "padded",
@@ -53,13 +74,18 @@ class Chunk:
         base: int,
         index: ShardIndex,
         piece: SampleRange,
+        shard: str,
         selection: list[int] | None = None,
         extra: dict[str, list[Any]] | None = None,
     ) -> None:
         a, b = piece.start, piece.stop
         first, last = int(index.member_start[a]), int(index.member_start[b])
         self._data = data
+        self._base = base
+        self._index, self._first = index, a  # for error messages
+        self._shard = shard
         self._exts = index.exts
+        self._hash = index.member_hash[first:last].tolist()
         self._member_start = (index.member_start[a : b + 1] - first).tolist()
         self._member_ext = index.member_ext[first:last].tolist()
         self._offset = (index.member_offset[first:last] - np.uint64(base)).tolist()
@@ -76,7 +102,54 @@ class Chunk:
         return len(self._keys) if self._selection is None else len(self._selection)
 
     def sample(self, j: int) -> dict[str, Any]:
-        """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``."""
+        """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``.
+
+        Raises:
+            CorruptShardError: the sample's bytes fail their checksum (naming
+                the shard, the sample's key and its tar offset).
+        """
+        extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
+        if self._selection is not None:
+            j = self._selection[j]
+        out: dict[str, Any] = {"__key__": self._keys[j], "__padded__": self.padded}
+        if extra:
+            out.update(extra)
+        data, exts, offset, size, ext, digest, checksum = (
+            self._data,
+            self._exts,
+            self._offset,
+            self._size,
+            self._member_ext,
+            self._hash,
+            payload_checksum,
+        )
+        for m in range(self._member_start[j], self._member_start[j + 1]):
+            start = offset[m]
+            payload = data[start : start + size[m]]
+            if checksum(payload) != digest[m]:
+                raise self._damaged(j, m, payload)
+            out[exts[ext[m]]] = payload
+        return out
+
+    def _damaged(self, j: int, m: int, payload: bytes) -> CorruptShardError:
+        return CorruptShardError.at(
+            self._shard,
+            self._keys[j],
+            int(self._index.sample_offset[self._first + j]),
+            f"checksum mismatch in its .{self._exts[self._member_ext[m]]} member (the "
+            f"{self._size[m]} bytes at offset {self._base + self._offset[m]} hash to "
+            f"{payload_checksum(payload):#018x}, the index recorded {self._hash[m]:#018x}): "
+            "the shard's bytes are damaged",
+        )
+
+
+class UncheckedChunk(Chunk):
+    """A :class:`Chunk` that hands samples out without checking their checksums (opt-out)."""
+
+    __slots__ = ()
+
+    def sample(self, j: int) -> dict[str, Any]:
+        """Sample ``j`` of the chunk, unchecked."""
         extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
         if self._selection is not None:
             j = self._selection[j]
@@ -105,8 +178,12 @@ class ShardReader:
         manifest: Manifest,
         verify: bool = False,
         expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
+        checksums: bool = True,
     ) -> None:
+        """``checksums=False`` hands samples out without checking their member checksums
+        (everything else is still checked); for the rare job where that cost matters."""
         self._source = source
+        self._chunk = Chunk if checksums else UncheckedChunk
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
@@ -114,45 +191,43 @@ class ShardReader:
         self._verified: set[int] = set()
         self._indexes: OrderedDict[int, tuple[ShardIndex, int]] = OrderedDict()
         self._index_bytes = 0
-        self._index_checked: set[int] = set()
         self._open_shard = -1
         self._file: BinaryIO | None = None
+        self._file_size = 0
         self._zstd: Any = None
-        self._zstd_error: type[Exception] = OSError
         if manifest.compression == "zstd":
             import zstandard
 
             self._zstd = zstandard.ZstdDecompressor()
-            self._zstd_error = zstandard.ZstdError
 
     def index(self, shard: int) -> ShardIndex:
-        """The sidecar index of ``shard``.
+        """The sidecar index of ``shard``, checked before it is used.
 
-        Indexes are cached up to INDEX_CACHE_BYTES (least recently used out);
-        each one's sha256 is checked against the manifest the first time.
+        Indexes are cached up to INDEX_CACHE_BYTES (least recently used out).
+        Each read is bounded by the manifest's ``index_bytes`` and checked
+        against its sha256 and, with ``shardprep.integrity.check_index``,
+        against the manifest entry and the tar layout.
 
         Raises:
-            ManifestError: the index is missing, corrupt or not the one the manifest lists.
+            ManifestError: the index is missing, corrupt, or does not describe its shard.
+            ChecksumMismatchError: the index is not the one the manifest lists.
         """
         cached = self._indexes.get(shard)
         if cached is not None:
             self._indexes.move_to_end(shard)
             return cached[0]
         entry = self._manifest.shards[shard]
+        where = self._source.path(entry.index_file)
         try:
-            data = self._source.read_bytes(entry.index_file)
+            data = self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
         except OSError as err:
-            raise ManifestError(
-                f"{self._source.path(entry.index_file)}: cannot read ({err})"
-            ) from err
-        if shard not in self._index_checked:
-            actual = hashlib.sha256(data).hexdigest()
-            if actual != entry.index_sha256:
-                raise ChecksumMismatchError.for_file(
-                    self._source.path(entry.index_file), entry.index_sha256, actual
-                )
-            self._index_checked.add(shard)
-        index = decode_index(data, self._source.path(entry.index_file))
+            raise ManifestError(f"{where}: cannot read ({err})", where) from err
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != entry.index_sha256:
+            raise ChecksumMismatchError.for_file(where, entry.index_sha256, actual)
+        index = decode_index(data, where)
+        names = self._manifest.class_names
+        check_index(index, entry, self._zstd is not None, len(names) if names else 0, where)
         self._indexes[shard] = (index, len(data))
         self._index_bytes += len(data)
         while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:
@@ -197,21 +272,28 @@ class ShardReader:
         selection: list[int] | None = None,
         extra: dict[str, list[Any]] | None = None,
     ) -> Chunk:
-        """The samples of ``piece``.
+        """The samples of ``piece``; their checksums are checked as they are handed out.
 
         Raises:
-            CorruptShardError: the shard is shorter than its index says, or a
-                zstd frame does not decompress.
+            CorruptShardError: the shard is missing or shorter than its index
+                says (naming the first incomplete sample), or a zstd frame
+                does not decompress to its span (naming the first damaged sample).
             ChecksumMismatchError: with ``verify=True``, the shard's sha256 differs.
         """
         index = self.index(piece.shard)
         if self._verify and piece.shard not in self._verified:
             self._check_sha256(piece.shard)
+        shard = self._source.path(self._manifest.shards[piece.shard].file)
         offsets = index.sample_offset
         begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
         if self._zstd is None:
             data = self._pread(piece, index, begin, end - begin)
-            return Chunk(data, begin, index, piece, selection, extra)
+            if len(data) < end - begin:
+                first = int(np.searchsorted(offsets, begin + len(data), side="right")) - 1
+                raise self._corrupt(
+                    piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
+                )
+            return self._chunk(data, begin, index, piece, shard, selection, extra)
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0 = int(np.searchsorted(frames, piece.start, side="right")) - 1
         f1 = int(np.searchsorted(frames, piece.stop, side="left"))
@@ -221,45 +303,66 @@ class ShardReader:
         parts = []
         for f in range(f0, f1):
             a, b = int(frame_offset[f]) - start, int(frame_offset[f + 1]) - start
+            first, last = int(frames[f]), int(frames[f + 1])
+            span = int(offsets[last]) - int(offsets[first])
             try:
-                parts.append(self._zstd.decompress(compressed[a:b]))
-            except self._zstd_error as err:
-                raise self._corrupt(piece, index, int(frames[f]), f"zstd frame {f}: {err}") from err
-        return Chunk(b"".join(parts), base, index, piece, selection, extra)
+                parts.append(decompress_frame(self._zstd, compressed[a:b], span))
+            except FrameError as err:
+                parts.append(self._salvage(piece, index, f, compressed[a:b], span, err))
+        return self._chunk(b"".join(parts), base, index, piece, shard, selection, extra)
+
+    def _salvage(
+        self,
+        piece: SampleRange,
+        index: ShardIndex,
+        f: int,
+        frame: bytes,
+        span: int,
+        err: FrameError,
+    ) -> bytes:
+        """A damaged frame's output if every sample of ``piece`` in it is intact, else the error.
+
+        Raises:
+            CorruptShardError: naming the first sample of ``piece`` in frame
+                ``f`` that is missing from what still decodes or fails its checksum.
+        """
+        first, last = int(index.frame_sample[f]), int(index.frame_sample[f + 1])
+        data = salvage_frame(frame, span)
+        lo, hi = max(first, piece.start), min(last, piece.stop)
+        damaged = first_damaged_sample(index, data, int(index.sample_offset[first]), lo, hi)
+        if damaged < hi:
+            where = f"zstd frame {f} at file offset {int(index.frame_offset[f])}"
+            raise self._corrupt(piece, damaged, f"{where}: {err}") from err
+        return data + bytes(span - len(data))  # only other samples' bytes are missing
 
     def _pread(self, piece: SampleRange, index: ShardIndex, offset: int, size: int) -> bytes:
+        """``size`` bytes of the shard file from ``offset``; fewer only where the file ends."""
         name = self._manifest.shards[piece.shard].file
 
         def read() -> bytes:
             if self._open_shard != piece.shard or self._file is None:
                 self.close()
-                self._file = self._source.open(name)
+                entry = self._manifest.shards[piece.shard]
+                self._file, self._file_size = self._source.open_sized(name, entry.num_bytes)
                 self._open_shard = piece.shard
             self._file.seek(offset)
-            return self._file.read(size)
+            return self._file.read(max(0, min(size, self._file_size - offset)))
 
         try:
-            data = retry(read, self._source.path(name))
+            return self._source.call(read, name, on_failure=self.close)
         except FileNotFoundError as err:
-            raise self._corrupt(piece, index, piece.start, "shard file is missing") from err
-        if len(data) != size:
-            raise self._corrupt(
-                piece, index, piece.start, f"shard is truncated (read {len(data)} of {size} bytes)"
-            )
-        return data
+            raise self._corrupt(piece, piece.start, "shard file is missing") from err
 
-    def _corrupt(
-        self, piece: SampleRange, index: ShardIndex, sample: int, reason: str
-    ) -> CorruptShardError:
+    def _corrupt(self, piece: SampleRange, sample: int, reason: str) -> CorruptShardError:
+        index = self.index(piece.shard)
         name = self._source.path(self._manifest.shards[piece.shard].file)
-        return CorruptShardError.at(
-            name, index.key(sample), int(index.sample_offset[sample]), reason
-        )
+        key = index.key(sample) if sample < index.num_samples else "(end of shard)"
+        return CorruptShardError.at(name, key, int(index.sample_offset[sample]), reason)
 
     def _check_sha256(self, shard: int) -> None:
         entry = self._manifest.shards[shard]
         digest = hashlib.sha256()
-        with self._source.open(entry.file) as f:
+        with self._source.open(entry.file, entry.num_bytes) as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         if digest.hexdigest() != entry.sha256:

@@ -69,7 +69,9 @@ class ErrorPolicy:
     """``raise`` (default) or ``skip``: replace unreadable samples, capped by consecutive failures.
 
     Skipped samples are replaced by a repeat of a readable one flagged
-    ``__padded__``, so every rank still yields exactly the same count.
+    ``__padded__``, so every rank still yields exactly the same count. A
+    failure is an unreadable range (missing or truncated shard, undecodable
+    zstd frame) or one sample that fails its checksum.
     """
 
     def __init__(self, mode: str, max_consecutive: int) -> None:
@@ -79,6 +81,40 @@ class ErrorPolicy:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
         self.last_good: dict[str, Any] | None = None
+        self.given: dict[str, Any] | None = None  # the last stand-in handed out for one sample
+
+    def failed(self, err: CorruptShardError, count: int, in_a_row: bool = True) -> None:
+        """Record that ``count`` samples are unreadable because of ``err``.
+
+        ``in_a_row``: no readable sample came out since the previous failure.
+
+        Raises:
+            CorruptShardError: ``err`` itself when not skipping, or a new one
+                after more than ``max_consecutive`` failures in a row.
+        """
+        if not self.skip:
+            raise err
+        self.consecutive = self.consecutive + 1 if in_a_row else 1
+        log.warning("skipping %d sample(s): %s", count, err)
+        if self.consecutive > self.max_consecutive:
+            raise CorruptShardError.at(
+                err.shard,
+                err.key,
+                err.offset,
+                f"{self.consecutive} consecutive unreadable ranges or samples; giving up",
+            ) from err
+
+    def substitute(self) -> dict[str, Any]:
+        """A flagged repeat of the last readable sample.
+
+        Raises:
+            CorruptShardError: no sample was readable yet.
+        """
+        if self.last_good is None:
+            raise CorruptShardError.at(
+                "?", "?", 0, "no readable sample to stand in for skipped ones"
+            )
+        return {**self.last_good, "__padded__": True}
 
 
 def _read_window(
@@ -89,34 +125,30 @@ def _read_window(
         try:
             chunk = reader.read(piece)
         except CorruptShardError as err:
-            if not policy.skip:
-                raise
-            policy.consecutive += 1
-            log.warning("skipping %d sample(s): %s", len(piece), err)
-            if policy.consecutive > policy.max_consecutive:
-                raise CorruptShardError.at(
-                    err.shard,
-                    err.key,
-                    err.offset,
-                    f"{policy.consecutive} consecutive unreadable ranges; giving up",
-                ) from err
+            policy.failed(err, len(piece))
             chunks.append(piece)
             continue
         policy.consecutive = 0
-        if len(chunk):
-            policy.last_good = chunk.sample(0)
+        if policy.skip and policy.last_good is None:
+            policy.last_good = _first_readable(chunk)
         chunks.append(chunk)
     result: list[Chunk | _Substitute] = []
     for item in chunks:
         if isinstance(item, SampleRange):
-            if policy.last_good is None:
-                raise CorruptShardError.at(
-                    "?", "?", 0, "no readable sample to stand in for skipped ones"
-                )
-            result.append(_Substitute(policy.last_good, len(item)))
+            result.append(_Substitute(policy.substitute(), len(item)))
         else:
             result.append(item)
     return result
+
+
+def _first_readable(chunk: Chunk) -> dict[str, Any] | None:
+    """The first sample of ``chunk`` that passes its checksum (a stand-in for skipped ones)."""
+    for j in range(len(chunk)):
+        try:
+            return chunk.sample(j)
+        except CorruptShardError:
+            continue  # reported when it is handed out
+    return None
 
 
 def windowed_stream(
@@ -150,6 +182,13 @@ def windowed_stream(
             )
         else:
             order = list(range(size))
+        sample: dict[str, Any] | None = None
         for p in order[skip:]:
-            yield owners[p].sample(positions[p])
+            try:
+                sample = owners[p].sample(positions[p])
+            except CorruptShardError as err:  # this sample fails its checksum
+                # ``sample`` is still the one yielded before: a stand-in if that one failed too
+                policy.failed(err, 1, in_a_row=sample is not None and sample is policy.given)
+                sample = policy.given = policy.substitute()
+            yield sample
         skip = 0

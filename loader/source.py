@@ -1,70 +1,158 @@
-"""Source: where a build lives (local folder or URL) and reading its files, with bounded retries.
+"""Source: where a build lives (local folder or URL) and reading its files, bounded and retried.
 
 Local paths and ``file://`` URLs use plain file I/O. Any other URL
 (``http(s)://``, ``s3://``, ...) goes through fsspec, which must be installed
-(``pip install "shardprep[remote]"``, plus s3fs for S3). Transient errors are
-retried a few times with backoff; a missing file is not transient.
+(``pip install "shardprep[remote]"``, plus s3fs for S3).
+
+Remote reads get connect and read timeouts (:class:`RemoteOptions`; for
+``http(s)`` and ``s3``) so a server that never answers cannot block for
+minutes. Every transient transport error (any ``OSError`` such as a refused
+connection or a timeout, aiohttp's client errors such as ``ClientPayloadError``
+for a body cut short, botocore's connection errors, HTTP 408/429/5xx) is
+retried ``RETRIES`` times in all with exponential backoff; then
+:class:`~loader.errors.UnreachableError` names the URL. A missing file or a
+refused permission is not transient. Every read has a size bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import time
-from collections.abc import Callable
-from typing import BinaryIO, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, TypeVar
 
+from loader.errors import UnreachableError
 from shardprep.errors import ManifestError
-from shardprep.manifest import Manifest, parse_manifest
+from shardprep.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from shardprep.shardformat import MANIFEST_NAME
 
-__all__ = ["Source"]
+__all__ = ["RemoteOptions", "Source", "is_transient"]
 
 T = TypeVar("T")
 RETRIES = 3
 BACKOFF_S = 0.5
 _NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
+_HTTP = ("http", "https")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOptions:
+    """How a remote output is read.
+
+    ``connect_timeout_s`` bounds opening a connection, ``read_timeout_s`` a
+    wait for the next bytes of an answer (not a whole transfer). They become
+    fsspec options (``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}``
+    for http(s), ``config_kwargs`` for s3); other protocols keep their own.
+    Options in ``fsspec.config.conf`` for the protocol (or ``FSSPEC_*``
+    environment variables) replace these defaults, and ``storage_options``
+    replace both.
+    """
+
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
+            raise ValueError("connect_timeout_s and read_timeout_s must be positive")
 
 
 class Source:
     """Read access to the files of one shardprep output. Holds no open files (picklable)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, remote: RemoteOptions | None = None) -> None:
         self.root = root[len("file://") :] if root.startswith("file://") else root
         self.remote = "://" in self.root
+        self.protocol = self.root.split("://", 1)[0] if self.remote else "file"
+        self.options = remote or RemoteOptions()
 
     def path(self, name: str) -> str:
         """Full path or URL of file ``name`` of the output."""
         return f"{self.root.rstrip('/')}/{name}" if self.remote else os.path.join(self.root, name)
 
-    def open(self, name: str) -> BinaryIO:
-        """Open file ``name`` for binary reading (seekable)."""
-        if not self.remote:
-            return open(self.path(name), "rb", buffering=0)  # noqa: SIM115 - caller closes
+    def _filesystem(self) -> Any:
+        """The fsspec filesystem (fsspec caches instances per process and options)."""
         try:
             import fsspec
+            import fsspec.config
         except ImportError as err:
             raise ManifestError(
                 f"reading {self.root} needs fsspec: pip install 'shardprep[remote]'", self.root
             ) from err
-        return fsspec.open(self.path(name), "rb").open()  # type: ignore[no-any-return]
+        cls = fsspec.get_filesystem_class(self.protocol)
+        protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
+        configured = {key for p in protocols for key in fsspec.config.conf.get(p, {})}
+        defaults = {k: v for k, v in self._default_options().items() if k not in configured}
+        return fsspec.filesystem(self.protocol, **{**defaults, **self.options.storage_options})
 
-    def read_bytes(self, name: str) -> bytes:
-        """The whole content of file ``name``."""
+    def _default_options(self) -> dict[str, Any]:
+        connect, read = self.options.connect_timeout_s, self.options.read_timeout_s
+        if self.protocol in _HTTP:
+            import aiohttp
+
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=connect, sock_connect=connect, sock_read=read
+            )
+            return {"client_kwargs": {"timeout": timeout}}
+        if self.protocol in ("s3", "s3a"):
+            return {"config_kwargs": {"connect_timeout": connect, "read_timeout": read}}
+        return {}
+
+    def open(self, name: str, size: int | None = None) -> BinaryIO:
+        """Open file ``name`` for binary reading (seekable); ``size``, if known, spares a HEAD."""
+        if not self.remote:
+            return open(self.path(name), "rb", buffering=0)  # noqa: SIM115 - caller closes
+        extra = {"size": size} if size is not None and self.protocol in _HTTP else {}
+        return self._filesystem().open(self.path(name), "rb", **extra)  # type: ignore[no-any-return]
+
+    def open_sized(self, name: str, size: int | None = None) -> tuple[BinaryIO, int]:
+        """``open(name)`` and the file's actual size in bytes."""
+        f = self.open(name, size)
+        try:
+            actual = int(f.size) if hasattr(f, "size") else os.fstat(f.fileno()).st_size
+        except BaseException:
+            f.close()
+            raise
+        return f, actual
+
+    def read_bytes(self, name: str, limit: int) -> bytes:
+        """The whole content of file ``name``, which must not exceed ``limit`` bytes.
+
+        Raises:
+            ManifestError: the file is larger than ``limit``.
+            UnreachableError: a remote server could not be reached or kept failing.
+        """
 
         def read() -> bytes:
+            if self.remote and self.protocol in _HTTP:
+                # one ranged GET: no HEAD, and the answer is bounded
+                data: bytes = self._filesystem().cat_file(self.path(name), start=0, end=limit + 1)
+                return data
             with self.open(name) as f:
-                return f.read()
+                return f.read(limit + 1)
 
-        return retry(read, self.path(name))
+        data = self.call(read, name)
+        if len(data) > limit:
+            raise ManifestError(
+                f"{self.path(name)}: larger than the {limit} bytes expected; "
+                "not the file the manifest describes: rebuild the output",
+                self.path(name),
+            )
+        return data
 
     def manifest(self) -> Manifest:
         """Read and validate the output's manifest.
 
         Raises:
             ManifestError: missing (the build did not finish) or invalid.
+            UnreachableError: the server could not be reached (remote outputs).
         """
         try:
-            data = self.read_bytes(MANIFEST_NAME)
+            data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
         except FileNotFoundError as err:
             raise ManifestError(
                 f"{self.path(MANIFEST_NAME)}: no manifest; is this a finished shardprep "
@@ -73,16 +161,62 @@ class Source:
             ) from err
         return parse_manifest(data, self.path(MANIFEST_NAME))
 
+    def call(
+        self, action: Callable[[], T], name: str, on_failure: Callable[[], None] | None = None
+    ) -> T:
+        """Run ``action`` (a read of file ``name``), retrying transient errors with backoff.
 
-def retry(action: Callable[[], T], what: str, attempts: int = RETRIES) -> T:
-    """Run ``action``; on a transient OSError try again (``attempts`` in all), then re-raise."""
-    for attempt in range(attempts):
-        try:
-            return action()
-        except _NOT_TRANSIENT:
-            raise
-        except OSError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(BACKOFF_S * 2**attempt)
-    raise AssertionError(f"unreachable: {what}")  # pragma: no cover
+        ``on_failure`` runs after each failed attempt (e.g. to drop a broken
+        open file). A local file's last error is re-raised as it is.
+
+        Raises:
+            UnreachableError: a remote read failed ``RETRIES`` times with
+                transient errors (naming the URL, the attempts and the last error).
+        """
+        started = time.monotonic()
+        for attempt in range(RETRIES):
+            try:
+                return action()
+            except Exception as err:
+                if not is_transient(err):
+                    raise
+                if on_failure is not None:
+                    on_failure()
+                if attempt == RETRIES - 1:
+                    if not self.remote:
+                        raise
+                    raise UnreachableError.after(
+                        self.path(name),
+                        RETRIES,
+                        time.monotonic() - started,
+                        err,
+                        f"connect timeout {self.options.connect_timeout_s:g} s, read timeout "
+                        f"{self.options.read_timeout_s:g} s",
+                    ) from err
+                time.sleep(BACKOFF_S * 2**attempt)
+        raise AssertionError(f"unreachable: {name}")  # pragma: no cover
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether ``err`` is a transport failure worth retrying (see the module docstring)."""
+    if isinstance(err, FileNotFoundError):
+        # fsspec's http turns any failure to reach a URL into FileNotFoundError(url) from it
+        cause = err.__cause__
+        return (
+            cause is not None and not isinstance(cause, FileNotFoundError) and is_transient(cause)
+        )
+    if isinstance(err, _NOT_TRANSIENT):
+        return False
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(err, aiohttp.ClientResponseError):
+        return err.status in _TRANSIENT_HTTP
+    if isinstance(err, OSError):  # ConnectionError, TimeoutError, aiohttp.ClientOSError, ...
+        return True
+    if isinstance(err, asyncio.TimeoutError):  # not an OSError before Python 3.11
+        return True
+    if aiohttp is not None and isinstance(err, aiohttp.ClientError):  # ClientPayloadError, ...
+        return True
+    botocore = sys.modules.get("botocore.exceptions")
+    return botocore is not None and isinstance(
+        err, (botocore.HTTPClientError, botocore.ConnectionError, botocore.IncompleteReadError)
+    )

@@ -2,8 +2,10 @@
 
 Its presence means "build complete": every rank and DataLoader worker reads it
 to plan an epoch without touching the data. Reading is strict: an unknown
-version or a missing field is an error, not a guess. ``docs/format.md``
-documents every field.
+version or a missing field is an error, not a guess, and so is a manifest
+that contradicts itself: file names outside the pattern of its own folder,
+totals or class counts that are not the sums over its shards.
+``docs/format.md`` documents every field and rule.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardprep.errors import ManifestError
-from shardprep.shardformat import MANIFEST_NAME
+from shardprep.shardformat import BLOCK, EOF_MARKER, MANIFEST_NAME, index_name, shard_name
 
 __all__ = [
     "MANIFEST_VERSION",
@@ -28,7 +31,11 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = "shardprep-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: shards carry per-sample checksums (index version 2), index_bytes
+MAX_MANIFEST_BYTES = 256 << 20
+"""Readers refuse a larger manifest.json (it is O(shards + classes): ~300 bytes per shard)."""
+COMPRESSIONS = ("none", "zstd")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,7 @@ class ShardEntry:
     tar_bytes: int
     sha256: str
     index_sha256: str
+    index_bytes: int
     class_counts: tuple[int, ...]
 
 
@@ -103,6 +111,7 @@ class Manifest:
                     "tar_bytes": s.tar_bytes,
                     "sha256": s.sha256,
                     "index_sha256": s.index_sha256,
+                    "index_bytes": s.index_bytes,
                     "class_counts": list(s.class_counts),
                 }
                 for s in self.shards
@@ -128,6 +137,7 @@ def manifest_from_records(
             tar_bytes=r.tar_bytes,
             sha256=r.sha256,
             index_sha256=r.index_sha256,
+            index_bytes=r.index_bytes,
             class_counts=tuple(r.class_counts) + (0,) * (num_classes - len(r.class_counts)),
         )
         for r in records
@@ -152,10 +162,23 @@ def write_manifest(manifest: Manifest, out_dir: str) -> str:
 def parse_manifest(data: bytes, where: str) -> Manifest:
     """Parse and validate manifest bytes; ``where`` names the source in errors.
 
+    Besides the fields' presence and types, the manifest must agree with
+    itself (see docs/format.md, "Validation"): shard ``i`` is named
+    ``shard_name(i)`` / ``index_name(i)`` (so no name leaves the folder), each
+    shard's class counts add up to its samples, and ``totals`` and the class
+    counts are the sums over the shards.
+
     Raises:
-        ManifestError: not JSON, not a shardprep manifest, unknown version, or
-            a missing or ill-typed field.
+        ManifestError: not JSON, not a shardprep manifest, unknown version, a
+            missing or ill-typed field, or an inconsistency (naming the shard
+            and the field).
     """
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{where}: {len(data)} bytes is larger than any shardprep manifest "
+            f"({MAX_MANIFEST_BYTES} at most); not a shardprep output",
+            where,
+        )
     try:
         obj = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -163,41 +186,115 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     if not isinstance(obj, dict) or obj.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{where}: not a shardprep manifest", where)
     if obj.get("version") != MANIFEST_VERSION:
+        older = isinstance(obj.get("version"), int) and obj["version"] < MANIFEST_VERSION
         raise ManifestError(
             f"{where}: manifest version {obj.get('version')!r} is not supported by this "
-            f"shardprep (it reads version {MANIFEST_VERSION}); upgrade shardprep or rebuild",
+            f"shardprep (it reads version {MANIFEST_VERSION}); "
+            + (
+                "the output was written by an older shardprep without per-sample checksums: "
+                "rebuild it (shardprep build ... --overwrite)"
+                if older
+                else "upgrade shardprep or rebuild"
+            ),
             where,
         )
     known = {"format", "version", "options", "input_fingerprint", "classes", "totals", "shards"}
     try:
         classes = obj["classes"]
-        shards = tuple(
-            ShardEntry(
-                file=str(s["file"]),
-                index_file=str(s["index_file"]),
-                num_samples=int(s["num_samples"]),
-                num_bytes=int(s["num_bytes"]),
-                tar_bytes=int(s["tar_bytes"]),
-                sha256=str(s["sha256"]),
-                index_sha256=str(s["index_sha256"]),
-                class_counts=tuple(int(c) for c in s["class_counts"]),
-            )
-            for s in obj["shards"]
-        )
+        shards = tuple(_shard_entry(s) for s in obj["shards"])
         manifest = Manifest(
             options=dict(obj["options"]),
             input_fingerprint=str(obj["input_fingerprint"]),
-            class_names=None if classes is None else tuple(str(c["name"]) for c in classes),
-            class_counts=() if classes is None else tuple(int(c["count"]) for c in classes),
+            class_names=None if classes is None else tuple(_str(c["name"]) for c in classes),
+            class_counts=() if classes is None else tuple(_int(c["count"]) for c in classes),
             shards=shards,
             extra={k: v for k, v in obj.items() if k not in known},
             fingerprint=hashlib.sha256(data).hexdigest(),
         )
+        if classes is not None and [_int(c["index"]) for c in classes] != list(range(len(classes))):
+            raise ValueError("classes are not numbered 0, 1, ... in order")
+        totals = dict(obj["totals"])
     except (KeyError, TypeError, ValueError) as err:
         raise ManifestError(f"{where}: missing or invalid field ({err!r}); rebuild", where) from err
     if not shards:
         raise ManifestError(f"{where}: the manifest lists no shards", where)
+    problem = _inconsistency(manifest, totals)
+    if problem:
+        raise ManifestError(
+            f"{where}: {problem}; the manifest is corrupt or was edited: rebuild the output "
+            "(or restore manifest.json from a copy)",
+            where,
+        )
     return manifest
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string")
+    return value
+
+
+def _shard_entry(s: dict[str, Any]) -> ShardEntry:
+    return ShardEntry(
+        file=_str(s["file"]),
+        index_file=_str(s["index_file"]),
+        num_samples=_int(s["num_samples"]),
+        num_bytes=_int(s["num_bytes"]),
+        tar_bytes=_int(s["tar_bytes"]),
+        sha256=_str(s["sha256"]),
+        index_sha256=_str(s["index_sha256"]),
+        index_bytes=_int(s["index_bytes"]),
+        class_counts=tuple(_int(c) for c in s["class_counts"]),
+    )
+
+
+def _inconsistency(manifest: Manifest, totals: dict[str, Any]) -> str:
+    """The first way ``manifest`` contradicts itself or its stated ``totals``, or ``""``."""
+    compression = manifest.options.get("compression", "none")
+    if compression not in COMPRESSIONS:
+        return f"options.compression is {compression!r}, not one of {', '.join(COMPRESSIONS)}"
+    num_classes = len(manifest.class_names) if manifest.class_names is not None else 0
+    for i, s in enumerate(manifest.shards):
+        where = f"shard {i} ({s.file!r})"
+        if s.file != shard_name(i, compression) or s.index_file != index_name(i):
+            return (
+                f"{where}: files {s.file!r} and {s.index_file!r} are not "
+                f"{shard_name(i, compression)!r} and {index_name(i)!r}; a manifest may only "
+                "name its own shard files, in its own folder"
+            )
+        if len(s.class_counts) != num_classes:
+            return f"{where}: {len(s.class_counts)} class counts for {num_classes} classes"
+        if num_classes and sum(s.class_counts) != s.num_samples:
+            return (
+                f"{where}: num_samples is {s.num_samples} but its class counts add up to "
+                f"{sum(s.class_counts)}"
+            )
+        if s.tar_bytes < len(EOF_MARKER) or s.tar_bytes % BLOCK:
+            return f"{where}: tar_bytes {s.tar_bytes} is not a whole tar of 512-byte blocks"
+        if compression == "none" and s.num_bytes != s.tar_bytes:
+            return f"{where}: num_bytes {s.num_bytes} differs from tar_bytes {s.tar_bytes}"
+        if not (_SHA256.fullmatch(s.sha256) and _SHA256.fullmatch(s.index_sha256)):
+            return f"{where}: sha256 or index_sha256 is not 64 lowercase hex digits"
+    sums = [sum(s.class_counts[c] for s in manifest.shards) for c in range(num_classes)]
+    if list(manifest.class_counts) != sums:
+        c = next(c for c in range(num_classes) if manifest.class_counts[c] != sums[c])
+        return (
+            f"class {c} ({manifest.class_names[c]!r}) has count {manifest.class_counts[c]} "  # type: ignore[index]
+            f"but the shards hold {sums[c]}"
+        )
+    expected = manifest.to_json()["totals"]
+    for field, value in expected.items():
+        if totals.get(field) != value:
+            return f"totals.{field} is {totals.get(field)!r} but the shards give {value!r}"
+    if set(totals) != set(expected):
+        return f"totals has unknown fields {sorted(set(totals) - set(expected))}"
+    return ""
 
 
 def read_manifest(out_dir: str) -> Manifest:
@@ -209,7 +306,7 @@ def read_manifest(out_dir: str) -> Manifest:
     path = os.path.join(out_dir, MANIFEST_NAME)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as err:
         raise ManifestError(
             f"{path}: no manifest; the build did not finish (run shardprep build with --resume)",

@@ -14,6 +14,10 @@ its first header, the data offset, size and extension of every member, its
 label, key, source path and resampling copy number, and for ``.tar.zst`` shards
 the table of independent zstd frames. A reader can thus start at any sample
 without parsing tar headers or decompressing from the start of the shard.
+
+Every member of every sample also has a checksum in the index
+(``member_hash``): xxh3_64 of the member's data, exactly the bytes a reader
+hands out. :func:`payload_checksum` is the definition.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 __all__ = [
     "BLOCK",
+    "CHECKSUM_ALGORITHM",
     "EOF_MARKER",
+    "FRAME_BYTES",
     "INDEX_MAGIC",
     "INDEX_VERSION",
     "MANIFEST_NAME",
@@ -37,6 +44,7 @@ __all__ = [
     "encode_index",
     "index_name",
     "padding",
+    "payload_checksum",
     "shard_name",
     "tar_header",
 ]
@@ -45,7 +53,14 @@ BLOCK = 512
 EOF_MARKER = bytes(2 * BLOCK)
 MANIFEST_NAME = "manifest.json"
 INDEX_MAGIC = b"SHPIDX\x00\x01"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+FRAME_BYTES = 256 << 10
+"""A .tar.zst frame is closed once it holds this many tar bytes (whole samples only)."""
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+payload_checksum = xxhash.xxh3_64_intdigest
+"""``payload_checksum(data) -> int``: the checksum (xxh3_64, seed 0, as an unsigned 64-bit
+integer) of one member's data, stored in ``member_hash``; accepts any buffer."""
 
 
 def shard_name(index: int, compression: str) -> str:
@@ -135,6 +150,7 @@ _ARRAY_DTYPES: dict[str, str] = {
     "member_ext": "<u2",  # m: position of the member's extension in ``exts``
     "member_offset": "<u8",  # m: tar offset of the member's data
     "member_size": "<u8",  # m: data size in bytes
+    "member_hash": "<u8",  # m: payload_checksum of the member's data (version 2)
     "label": "<i4",  # n: class index, -1 when unlabelled
     "copy": "<u4",  # n: 0 for an original sample, k for its k-th resampled copy
     "multiplicity": "<u4",  # n: copies of this sample's source in the whole output (0 never)
@@ -157,6 +173,7 @@ class ShardIndex:
     member_ext: npt.NDArray[np.uint16]
     member_offset: npt.NDArray[np.uint64]
     member_size: npt.NDArray[np.uint64]
+    member_hash: npt.NDArray[np.uint64]
     label: npt.NDArray[np.int32]
     copy: npt.NDArray[np.uint32]
     multiplicity: npt.NDArray[np.uint32]
@@ -218,16 +235,29 @@ def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
     (head_len,) = struct.unpack_from("<Q", data, 8)
     try:
         header = json.loads(data[16 : 16 + head_len])
-        if header.get("format") != "shardprep-index" or header.get("version") != INDEX_VERSION:
-            raise ValueError(f"format {header.get('format')!r} version {header.get('version')!r}")
+        if not isinstance(header, dict) or header.get("format") != "shardprep-index":
+            raise ValueError("not a shardprep-index header")
+        if header.get("version") != INDEX_VERSION:
+            raise ManifestError(
+                f"{path}: index format version {header.get('version')!r} is not the version "
+                f"{INDEX_VERSION} this shardprep reads (version 1 indexes have no per-sample "
+                "checksums); rebuild the output with this shardprep (shardprep build ... --overwrite)",
+                path,
+            )
         base = 16 + head_len
-        fields: dict[str, Any] = {"exts": tuple(header["exts"])}
+        exts = header["exts"]
+        if not isinstance(exts, list) or not all(isinstance(e, str) and e for e in exts):
+            raise ValueError("exts is not a list of extensions")
+        fields: dict[str, Any] = {"exts": tuple(exts)}
         for name, dtype in _ARRAY_DTYPES.items():
             stored_dtype, offset, length = header["arrays"][name]
-            if stored_dtype != dtype or base + offset + length > len(data):
-                raise ValueError(f"array {name} is truncated or of type {stored_dtype}")
+            itemsize = np.dtype(dtype).itemsize
+            if stored_dtype != dtype or not all(type(v) is int for v in (offset, length)):
+                raise ValueError(f"array {name} is of type {stored_dtype}")
+            if offset < 0 or length < 0 or length % itemsize or base + offset + length > len(data):
+                raise ValueError(f"array {name} is truncated or misplaced")
             fields[name] = np.frombuffer(
-                data, dtype=dtype, count=length // np.dtype(dtype).itemsize, offset=base + offset
+                data, dtype=dtype, count=length // itemsize, offset=base + offset
             )
     except (ValueError, KeyError, TypeError) as err:
         raise ManifestError(

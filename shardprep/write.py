@@ -23,17 +23,17 @@ from shardprep.inventory import SampleRef
 from shardprep.shardformat import (
     BLOCK,
     EOF_MARKER,
+    FRAME_BYTES,
     decode_index,
     encode_index,
     index_name,
+    payload_checksum,
     shard_name,
     tar_header,
 )
 
 __all__ = ["FRAME_BYTES", "ShardRecord", "record_from_files", "write_shard"]
 
-FRAME_BYTES = 256 << 10
-"""Uncompressed bytes per zstd frame (rounded up to whole samples); also the write chunk."""
 
 LABEL_EXT = "cls"
 WEIGHT_EXT = "weight"
@@ -51,6 +51,7 @@ class ShardRecord:
     tar_bytes: int  # size of the uncompressed tar
     sha256: str
     index_sha256: str
+    index_bytes: int  # size of the sidecar index file
     class_counts: tuple[int, ...]
 
 
@@ -79,6 +80,7 @@ class _ShardBuffer:
         self.member_ext = array("H")
         self.member_offset = array("Q")
         self.member_size = array("Q")
+        self.member_hash = array("Q")
         self.label = array("i")
         self.copy = array("I")
         self.multiplicity = array("I")
@@ -105,6 +107,7 @@ class _ShardBuffer:
             self.member_ext.append(ext_id)
             self.member_offset.append(position)
             self.member_size.append(size)
+            self.member_hash.append(payload_checksum(data))
             pad = -size % BLOCK
             buffer += header
             buffer += data
@@ -157,6 +160,7 @@ class _ShardBuffer:
             "member_ext": self.member_ext,
             "member_offset": self.member_offset,
             "member_size": self.member_size,
+            "member_hash": self.member_hash,
             "label": self.label,
             "copy": self.copy,
             "multiplicity": self.multiplicity,
@@ -275,6 +279,7 @@ def write_shard(
         tar_bytes=end_offset + len(EOF_MARKER),
         sha256=shard.sha256.hexdigest(),
         index_sha256=hashlib.sha256(index_bytes).hexdigest(),
+        index_bytes=len(index_bytes),
         class_counts=tuple(class_counts),
     )
 
@@ -324,5 +329,6 @@ def record_from_files(out_dir: str, index: int, compression: str) -> ShardRecord
         tar_bytes=int(shard_index.sample_offset[-1]) + len(EOF_MARKER),
         sha256=digest.hexdigest(),
         index_sha256=hashlib.sha256(index_bytes).hexdigest(),
+        index_bytes=len(index_bytes),
         class_counts=tuple(np.bincount(labels).tolist()) if len(labels) else (),
     )

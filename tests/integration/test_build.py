@@ -76,7 +76,7 @@ def test_output_files_and_summary_counts(built: Path) -> None:
 def test_manifest_fields(built: Path) -> None:
     data = json.loads((built / "manifest.json").read_text())
     assert data["format"] == "shardprep-manifest"
-    assert data["version"] == 1
+    assert data["version"] == 2  # 2: per-sample checksums in the index, index_bytes
     assert data["options"]["shards"] == 8
     assert data["options"]["compression"] == "none"
     assert data["options"]["seed"] == 0
@@ -108,6 +108,7 @@ def test_manifest_fields(built: Path) -> None:
         path = built / s["file"]
         assert s["sha256"] == _sha256(path)
         assert s["index_sha256"] == _sha256(built / s["index_file"])
+        assert s["index_bytes"] == (built / s["index_file"]).stat().st_size
         assert s["num_bytes"] == s["tar_bytes"] == path.stat().st_size
 
 
@@ -436,7 +437,9 @@ def test_verify_finds_a_flipped_byte(built: Path, tmp_path: Path) -> None:
     code, output = _verify(out)
     assert code == 1
     assert "shard-00003.tar: sha256 of the shard does not match the manifest" in output
-    assert "1 problem(s) in" in output
+    index = decode_index((out / "shard-00003.idx").read_bytes())
+    assert f"shard-00003.tar: 1 damaged sample(s) (missing bytes or checksum mismatch): {index.key(0)!r} (offset 0)" in output
+    assert "2 problem(s) in" in output
     for other in (0, 1, 2, 4, 5, 6, 7):
         assert f"shard-{other:05d}" not in output
 
@@ -449,7 +452,8 @@ def test_verify_finds_a_truncated_shard(built: Path, tmp_path: Path) -> None:
     assert code == 1
     assert "shard-00005.tar: sha256 of the shard does not match" in output
     assert "shard-00005.tar: cannot read the tar stream" in output
-    assert "2 problem(s) in" in output
+    assert f"shard-00005.tar: the file has {path.stat().st_size} bytes, the manifest says" in output
+    assert "3 problem(s) in" in output
 
 
 def test_verify_finds_a_zeroed_shard_start(built: Path, tmp_path: Path) -> None:

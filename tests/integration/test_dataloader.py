@@ -447,7 +447,15 @@ def test_verify_detects_flipped_byte(built: Path, tmp_path: Path) -> None:
     data = bytearray(shard.read_bytes())
     data[700] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert len(list(ShardDataset(str(out)))) == 103  # not checked by default
+    # every sample's checksum is checked by default: the damaged one is named
+    with pytest.raises(CorruptShardError, match="checksum mismatch") as info:
+        list(ShardDataset(str(out)))
+    index = decode_index((out / "shard-00000.idx").read_bytes())
+    damaged = int(np.searchsorted(index.sample_offset, 700, side="right")) - 1
+    assert (info.value.key, info.value.offset) == (
+        index.key(damaged),
+        int(index.sample_offset[damaged]),
+    )
     with pytest.raises(ChecksumMismatchError, match="shard-00000.tar"):
         list(ShardDataset(str(out), verify=True))
 
@@ -480,11 +488,11 @@ def test_transient_read_errors_are_retried(built: Path, monkeypatch: pytest.Monk
     failures = {"left": 2}
     original = source_module.Source.open
 
-    def flaky(self: source_module.Source, name: str) -> Any:
+    def flaky(self: source_module.Source, name: str, *args: Any) -> Any:
         if name.endswith(".idx") and failures["left"]:
             failures["left"] -= 1
             raise ConnectionError("simulated network hiccup")
-        return original(self, name)
+        return original(self, name, *args)
 
     monkeypatch.setattr(source_module.Source, "open", flaky)
     assert len(list(ShardDataset(str(built)))) == 103

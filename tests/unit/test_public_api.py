@@ -34,7 +34,9 @@ def test_public_api_is_exactly_this() -> None:
         "CorruptShardError",
         "IncompatibleStateError",
         "LoaderError",
+        "RemoteOptions",
         "ShardDataset",
+        "UnreachableError",
         "World",
         "WorldMismatchError",
     ]

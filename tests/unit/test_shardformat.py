@@ -186,6 +186,7 @@ def _arrays(frames: bool) -> dict[str, object]:
         "member_ext": [0, 1, 2, 0, 1],
         "member_offset": [512, 1536, 2560, 5632, 7168],
         "member_size": [10, 1, 300, 1000, 1],
+        "member_hash": np.array([0, 2**64 - 1, 12345678901234567890, 7, 1 << 63], dtype=np.uint64),
         "label": [2, -1, 0] if not frames else [0, 1, 70000],
         "copy": [0, 0, 3],
         "multiplicity": [1, 1, 4],
@@ -215,6 +216,7 @@ def test_index_round_trip(frames: bool) -> None:
         "member_ext": np.uint16,
         "member_offset": np.uint64,
         "member_size": np.uint64,
+        "member_hash": np.uint64,
         "label": np.int32,
         "copy": np.uint32,
         "multiplicity": np.uint32,
@@ -244,8 +246,9 @@ def test_index_header_is_sorted_json_with_version() -> None:
     assert head_len % 8 == 0
     header = json.loads(data[16 : 16 + head_len])
     assert header["format"] == "shardprep-index"
-    assert header["version"] == 1
+    assert header["version"] == 2  # 2: per-member checksums (member_hash)
     assert header["arrays"]["label"][0] == "<i4"
+    assert header["arrays"]["member_hash"][0] == "<u8"
     assert header["arrays"]["sample_offset"][1] == 0  # first array right after the header
     for _dtype, offset, _length in header["arrays"].values():
         assert offset % 8 == 0

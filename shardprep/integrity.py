@@ -1,0 +1,313 @@
+"""Integrity: what must hold between a manifest entry, its shard index and its shard file.
+
+Pure checks, shared by the loader (``loader.read``) and ``shardprep verify``,
+so that nothing read from an index is trusted before it is checked:
+
+- :func:`check_index`: the index agrees with its manifest entry (sample count,
+  class histogram, sizes) and describes exactly the tar layout the writer
+  produces (every member's header, offset and size, from offset 0 to the end
+  marker), so every slice a reader takes lies inside its sample and inside
+  the file; for ``.tar.zst`` the frame table covers every sample, within the
+  file, and no frame declares more output than zstd can produce from its bytes.
+- :func:`decompress_frame`: one zstd frame, decompressed only if its header
+  declares exactly the span the index gives it, with that span as a hard
+  output bound (a decompression bomb is an error, never an allocation).
+- :func:`salvage_frame`: the part of a damaged frame that still decodes, to
+  name the first damaged sample.
+
+``docs/format.md`` ("Validation") lists the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardprep.errors import ManifestError
+from shardprep.manifest import ShardEntry
+from shardprep.shardformat import BLOCK, EOF_MARKER, FRAME_BYTES, ShardIndex, payload_checksum
+
+__all__ = [
+    "MAX_ZSTD_RATIO",
+    "FrameError",
+    "check_index",
+    "damaged_samples",
+    "decompress_frame",
+    "first_damaged_sample",
+    "salvage_frame",
+]
+
+MAX_ZSTD_RATIO = 32768
+"""No zstd frame decompresses to more than this many times its size: a block holds at most
+128 KiB of output and takes at least 4 bytes (3-byte header + 1, an RLE block)."""
+
+
+class FrameError(ValueError):
+    """A zstd frame does not decompress to the span the index gives it (``str`` says why)."""
+
+
+def _key(index: ShardIndex, i: int) -> str:
+    start = int(index.key_end[i - 1]) if i else 0
+    return bytes(index.key_blob[start : int(index.key_end[i])]).decode("utf-8", "replace")
+
+
+def check_index(
+    index: ShardIndex, entry: ShardEntry, compressed: bool, num_classes: int, where: str
+) -> None:
+    """Refuse an index that disagrees with ``entry`` or with the layout the writer produces.
+
+    ``num_classes`` is 0 for unlabelled data; ``where`` names the index in errors.
+
+    Raises:
+        ManifestError: naming the index, the sample key where one is involved,
+            and the field that is wrong.
+    """
+    problem = _index_problem(index, entry, compressed, num_classes)
+    if problem:
+        raise ManifestError(
+            f"{where}: {problem}; the index does not describe its shard (corrupt or edited): "
+            "rebuild the output",
+            where,
+        )
+
+
+def _index_problem(index: ShardIndex, entry: ShardEntry, compressed: bool, num_classes: int) -> str:
+    n, m = index.num_samples, len(index.member_size)
+    if n != entry.num_samples:
+        return f"the index has {n} samples, the manifest says {entry.num_samples}"
+    lengths = {
+        "sample_offset": n + 1,
+        "member_start": n + 1,
+        "member_ext": m,
+        "member_offset": m,
+        "member_hash": m,
+        "copy": n,
+        "multiplicity": n,
+        "key_end": n,
+        "source_end": n,
+    }
+    for name, length in lengths.items():
+        if len(getattr(index, name)) != length:
+            return f"array {name} has {len(getattr(index, name))} entries, not {length}"
+    # keys and sources: increasing ends within their blobs, no empty key
+    for ends, blob, what in (
+        (index.key_end, index.key_blob, "key"),
+        (index.source_end, index.source_blob, "source path"),
+    ):
+        steps = np.diff(ends, prepend=np.uint64(0)).astype(np.int64) if n else ends
+        bad = np.flatnonzero((steps < 1) if what == "key" else (steps < 0))
+        if len(bad) or (n and int(ends[-1]) != len(blob)) or (not n and len(blob)):
+            return f"{what} table is inconsistent" + (
+                f" at sample {int(bad[0])}" if len(bad) else ""
+            )
+    # labels and the class histogram
+    label = index.label
+    if num_classes:
+        bad = np.flatnonzero((label < 0) | (label >= num_classes))
+        if len(bad):
+            i = int(bad[0])
+            return f"sample {_key(index, i)!r}: label {int(label[i])} is not a class index"
+        counts = np.bincount(label, minlength=num_classes).tolist()
+        if counts != list(entry.class_counts):
+            return (
+                f"class histogram {counts} differs from the manifest's {list(entry.class_counts)}"
+            )
+    elif np.any(label != -1):
+        return "labels in an unlabelled output"
+    # members: at least one per sample, known extensions
+    starts = index.member_start.astype(np.int64)
+    if int(starts[0]) != 0 or int(starts[-1]) != m or np.any(np.diff(starts) < 1):
+        bad = np.flatnonzero(np.diff(starts) < 1)
+        at = f" (sample {_key(index, int(bad[0]))!r})" if len(bad) else ""
+        return f"member table is inconsistent{at}"
+    if m and int(index.member_ext.max()) >= len(index.exts):
+        k = int(np.argmax(index.member_ext >= len(index.exts)))
+        return f"sample {_key(index, _owner(starts, k))!r}: unknown member extension"
+    return _layout_problem(index, entry, starts) or (
+        _frames_problem(index, entry) if compressed else _no_frames_problem(index)
+    )
+
+
+def _owner(starts: npt.NDArray[np.int64], member: int) -> int:
+    return int(np.searchsorted(starts, member, side="right")) - 1
+
+
+def _layout_problem(index: ShardIndex, entry: ShardEntry, starts: npt.NDArray[np.int64]) -> str:
+    """Offsets and sizes are exactly the writer's tar layout, inside the file."""
+    n, m = index.num_samples, len(index.member_size)
+    end = entry.tar_bytes - len(EOF_MARKER)
+    # bound every value first: no arithmetic below can overflow
+    for name in ("sample_offset", "member_offset", "member_size"):
+        values = getattr(index, name)
+        if len(values) and int(values.max()) > end:
+            i = int(np.argmax(values > end))
+            sample = i if name == "sample_offset" else _owner(starts, i)
+            key = _key(index, min(sample, n - 1)) if n else "-"
+            return (
+                f"sample {key!r}: {name} {int(values[i])} lies past the end of the tar data ({end})"
+            )
+    sample_offset = index.sample_offset.astype(np.int64)
+    if int(sample_offset[0]) != 0 or int(sample_offset[-1]) != end:
+        return f"samples span [{int(sample_offset[0])}, {int(sample_offset[-1])}), not [0, {end})"
+    if not m:
+        return ""
+    offset = index.member_offset.astype(np.int64)
+    size = index.member_size.astype(np.int64)
+    owner = np.repeat(np.arange(n), np.diff(starts))
+    key_len = np.diff(index.key_end.astype(np.int64), prepend=0)
+    ext_len = np.array([len(e.encode("utf-8", "surrogateescape")) for e in index.exts])
+    name_len = key_len[owner] + 1 + ext_len[index.member_ext]
+    header = np.where(
+        name_len <= 100, BLOCK, 2 * BLOCK + (name_len + 1 + BLOCK - 1) // BLOCK * BLOCK
+    )
+    data_end = offset + (size + BLOCK - 1) // BLOCK * BLOCK
+    previous = np.empty(m, dtype=np.int64)
+    previous[1:] = data_end[:-1]
+    previous[starts[:-1]] = sample_offset[:-1]
+    bad = np.flatnonzero(offset != previous + header)
+    if len(bad):
+        k = int(bad[0])
+        return (
+            f"sample {_key(index, int(owner[k]))!r}: member {k} at offset {int(offset[k])} "
+            f"({int(size[k])} bytes) is not where the tar layout puts it ({int(previous[k] + header[k])})"
+        )
+    bad = np.flatnonzero(data_end[starts[1:] - 1] != sample_offset[1:])
+    if len(bad):
+        i = int(bad[0])
+        return (
+            f"sample {_key(index, i)!r}: its members end at {int(data_end[starts[i + 1] - 1])}, "
+            f"the next sample starts at {int(sample_offset[i + 1])}"
+        )
+    return ""
+
+
+def _no_frames_problem(index: ShardIndex) -> str:
+    if len(index.frame_sample) or len(index.frame_offset):
+        return "a zstd frame table in the index of a plain .tar shard"
+    return ""
+
+
+def _frames_problem(index: ShardIndex, entry: ShardEntry) -> str:
+    """The frame table covers every sample, inside the file, within zstd's possible expansion."""
+    n = index.num_samples
+    frames = index.frame_sample.astype(np.int64)
+    offsets = index.frame_offset.astype(np.int64)
+    if (
+        len(frames) != len(offsets)
+        or len(frames) < 1
+        or int(frames[0]) != 0
+        or int(frames[-1]) != n
+        or int(offsets[0]) != 0
+        or np.any(np.diff(frames) < 1)
+        or np.any(np.diff(offsets) < 1)
+        or int(index.frame_offset.max()) >= entry.num_bytes
+    ):
+        return (
+            f"the zstd frame table does not cover samples 0..{n} in order inside the "
+            f"{entry.num_bytes}-byte file"
+        )
+    sample_offset = index.sample_offset.astype(np.int64)
+    span = np.diff(sample_offset[frames])
+    stored = np.diff(offsets)
+    last = sample_offset[frames[1:]] - sample_offset[frames[1:] - 1]
+    bad = np.flatnonzero((span > stored * MAX_ZSTD_RATIO) | (span - last >= FRAME_BYTES))
+    if len(bad):
+        f = int(bad[0])
+        return (
+            f"zstd frame {f} (from sample {_key(index, int(frames[f]))!r}) spans {int(span[f])} "
+            f"tar bytes in {int(stored[f])} compressed bytes, which no frame of this format holds"
+        )
+    return ""
+
+
+def decompress_frame(decompressor: Any, frame: bytes, span: int) -> bytes:
+    """The ``span`` bytes that zstd ``frame`` holds; never more output than ``span``.
+
+    Raises:
+        FrameError: the frame's header declares another size (or none), or the
+            frame does not decompress to exactly ``span`` bytes.
+    """
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as err:
+        raise FrameError(f"unreadable frame header ({err})") from err
+    if declared != span:
+        shown = "no size" if declared < 0 else f"{declared} bytes"
+        raise FrameError(f"its header declares {shown}, the index {span} bytes")
+    try:
+        data: bytes = decompressor.decompress(frame, allow_extra_data=False)
+    except zstandard.ZstdError as err:
+        raise FrameError(str(err)) from err
+    if len(data) != span:  # pragma: no cover - zstd checks the declared size itself
+        raise FrameError(f"decompresses to {len(data)} bytes, the index says {span}")
+    return data
+
+
+def salvage_frame(frame: bytes, span: int) -> bytes:
+    """What still decodes of a damaged frame, at most ``span`` bytes, without its checksum.
+
+    Used only after :func:`decompress_frame` failed, to find the first damaged
+    sample: the frame's content checksum is dropped (so damage inside a
+    sample's bytes decodes, and the per-sample checksums point at it), and
+    output stops at the first undecodable block or at ``span``.
+    """
+    import zstandard
+
+    stripped = frame
+    if len(frame) >= 9 and frame[4] & 0x04:  # Content_Checksum_flag (RFC 8878, 3.1.1.1.1)
+        stripped = frame[:4] + bytes([frame[4] & ~0x04]) + frame[5:-4]
+    out = bytearray()
+    reader = zstandard.ZstdDecompressor().stream_reader(stripped, read_across_frames=False)
+    while len(out) < span:
+        try:
+            piece = reader.read(min(BLOCK, span - len(out)))
+        except zstandard.ZstdError:
+            break  # the damage: everything before it is in ``out``
+        if not piece:
+            break
+        out += piece
+    return bytes(out)
+
+
+def damaged_samples(
+    index: ShardIndex,
+    data: bytes | memoryview,
+    base: int,
+    start: int,
+    stop: int,
+    first_only: bool = False,
+) -> list[int]:
+    """Samples of ``start..stop-1`` with a member missing from ``data`` or failing its checksum.
+
+    ``data`` holds the tar bytes from offset ``base``; ``first_only`` stops at the first one.
+    """
+    view = memoryview(data)
+    starts, offsets, sizes, hashes = (
+        index.member_start,
+        index.member_offset,
+        index.member_size,
+        index.member_hash,
+    )
+    found = []
+    for i in range(start, stop):
+        for m in range(int(starts[i]), int(starts[i + 1])):
+            a = int(offsets[m]) - base
+            b = a + int(sizes[m])
+            if b > len(view) or payload_checksum(view[a:b]) != int(hashes[m]):
+                found.append(i)
+                if first_only:
+                    return found
+                break
+    return found
+
+
+def first_damaged_sample(
+    index: ShardIndex, data: bytes | memoryview, base: int, start: int, stop: int
+) -> int:
+    """The first of :func:`damaged_samples`, or ``stop`` if every sample is complete and intact."""
+    found = damaged_samples(index, data, base, start, stop, first_only=True)
+    return found[0] if found else stop
