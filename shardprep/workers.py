@@ -3,20 +3,26 @@
 A terminal's Ctrl-C sends SIGINT to every process of the foreground group.
 If a ``ProcessPoolExecutor`` worker takes it while it writes a result to the
 pool's pipe, the half-written message leaves the pool's reader thread waiting
-forever, and ``shutdown(wait=True)`` with it. So here:
+forever, and ``shutdown(wait=True)`` with it; if the main thread takes it as a
+KeyboardInterrupt inside ``submit`` (between forking a worker and recording
+it), that worker is never told to exit and outlives the build. So here:
 
-- workers ignore SIGINT (it is blocked from before they are forked until they
-  ignore it, so none is lost into a half-started worker);
-- the calling thread keeps SIGINT blocked while the pool lives and polls for
-  it (:meth:`WorkerPool.interrupted`), so a Ctrl-C is noticed only between
-  two well-defined steps of the caller, never inside the pool's machinery;
+- workers ignore SIGINT (set first thing in each worker; until then they run
+  the handler below, which only sets a flag in their own copy);
+- while the pool lives, the main thread's SIGINT handler only records the
+  Ctrl-C, and the caller polls for it (:meth:`WorkerPool.interrupted`) between
+  two well-defined steps, never inside the pool's machinery. (Blocking the
+  signal would not do: threads started by libraries, such as OpenBLAS's,
+  would still take it for the main thread.)
 - on any exception the caller's ``stop`` callback runs (it tells running
   tasks to give up at their next checkpoint), pending tasks are cancelled and
-  the pool is shut down and joined.
+  the pool is shut down and joined; then the previous handler is restored and
+  a Ctrl-C that was not polled is raised as KeyboardInterrupt.
 
-Only the main thread with Python's default SIGINT handler polls; another
-thread blocks SIGINT for itself (the main thread still gets it), and a main
-thread with its own handler keeps it: there only the workers ignore SIGINT.
+Only the main thread with Python's default SIGINT handler does this. Another
+thread blocks SIGINT for itself while it starts workers (they inherit the
+mask) and leaves Ctrl-C to the main thread; a main thread with its own
+handler keeps it. Either way the workers ignore SIGINT.
 """
 
 from __future__ import annotations
@@ -39,13 +45,16 @@ T = TypeVar("T")
 class WorkerPool:
     """A ``ProcessPoolExecutor`` (``.executor``) plus Ctrl-C polling; made by :func:`worker_pool`."""
 
-    def __init__(self, executor: ProcessPoolExecutor, polls_sigint: bool) -> None:
+    def __init__(self, executor: ProcessPoolExecutor, ctrl_c: threading.Event | None) -> None:
         self.executor = executor
-        self._polls_sigint = polls_sigint
+        self._ctrl_c = ctrl_c
 
     def interrupted(self) -> bool:
-        """True (once per Ctrl-C) if SIGINT arrived since the last call; consumes it."""
-        return self._polls_sigint and signal.sigtimedwait(_SIGINT, 0) is not None
+        """True (once per Ctrl-C) if Ctrl-C was pressed since the last call."""
+        if self._ctrl_c is None or not self._ctrl_c.is_set():
+            return False
+        self._ctrl_c.clear()
+        return True
 
     def wait(self, futures: Iterable[Future[T]], timeout: float = 0.25) -> set[Future[T]]:
         """The futures done within ``timeout`` s (at least one, or none on timeout).
@@ -86,11 +95,17 @@ def worker_pool(
     when every worker has finished; the exception then propagates.
     """
     main = threading.current_thread() is threading.main_thread()
-    polls = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    # Blocked in this thread before the executor forks its workers and starts its
-    # thread (at the first submit), which inherit the mask.
-    blocked = _SIGINT if polls or not main else set()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    ctrl_c = None
+    if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ctrl_c = threading.Event()
+        record = ctrl_c  # bound now: the handler must not see a later rebinding
+
+        def on_sigint(_signum: int, _frame: object) -> None:
+            record.set()
+
+        previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    # Another thread blocks SIGINT for itself; the workers it forks inherit the mask.
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set() if main else _SIGINT)
     try:
         executor = ProcessPoolExecutor(
             workers,
@@ -99,7 +114,7 @@ def worker_pool(
             initargs=(initializer, initargs),
         )
         try:
-            yield WorkerPool(executor, polls)
+            yield WorkerPool(executor, ctrl_c)
         except BaseException:
             if stop is not None:
                 stop()
@@ -107,5 +122,8 @@ def worker_pool(
             raise
         executor.shutdown(wait=True)
     finally:
-        # A Ctrl-C still pending (one that came during the shutdown) is raised here.
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if ctrl_c is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+    if ctrl_c is not None and ctrl_c.is_set():  # a Ctrl-C during the final shutdown
+        raise KeyboardInterrupt
