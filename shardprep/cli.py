@@ -136,8 +136,10 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
 
     progress = not (quiet or as_json)
     summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)
-    # The build is complete: a Ctrl-C from now on would only turn exit 0 into a silent 130.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if isinstance(click.get_current_context().obj, _OwnProcess):
+        # The build is complete and the process about to exit: a Ctrl-C from now on would only
+        # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
@@ -207,6 +209,14 @@ def example(raw: str, samples: int, classes: int, seed: int) -> None:
     click.echo(f"wrote {sum(counts)} samples in {len(counts)} class folders to {raw}: {counts}")
 
 
+class _OwnProcess:
+    """click context object that :func:`main` sets: the CLI owns the process and exits after
+    the command, so a command may change process-wide state such as signal handlers (not under
+    ``CliRunner`` or another in-process caller)."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shardprep")
+    """Console-script entry point (``shardprep``, ``python -m shardprep``); exits the process."""
+    cli.main(
+        args=argv if argv is not None else sys.argv[1:], prog_name="shardprep", obj=_OwnProcess()
+    )

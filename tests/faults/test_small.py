@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,10 @@ def test_the_scan_bar_shows_the_real_count_and_errors_start_a_line(tmp_path: Pat
     result = invoke("build", str(raw), str(tmp_path / "out2"), "-n", "2", "-j", "1")
     assert result.exit_code == 1
     assert "\nError: 1 input problem(s), nothing was written:\n" in result.stderr
+
+
+def test_an_in_process_build_leaves_ctrl_c_alone(tmp_path: Path) -> None:
+    """Only the real process entry point ignores Ctrl-C after a build (CliRunner must not)."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 3})
+    assert invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q").exit_code == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
