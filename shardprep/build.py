@@ -7,35 +7,38 @@ the stages themselves stay pure or single-shard.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import time
-from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from shardprep.config import BuildConfig, default_workers
-from shardprep.errors import InputError
+from shardprep.errors import BuildInterrupted, InputError, OutputError, WriteError
 from shardprep.inventory import Inventory, SampleRef
-from shardprep.manifest import Manifest, manifest_from_records, write_manifest
+from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records, write_manifest
 from shardprep.plan import plan_shards
-from shardprep.scan import InputFormat, scan
+from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.shardformat import MANIFEST_NAME, shard_name
 from shardprep.weighting import Selection, select_samples
+from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord, record_from_files, write_shard
 
 __all__ = ["BuildSummary", "build"]
 
-JOURNAL_NAME = ".shardprep-build.json"
 _OWN_FILE = re.compile(r"^\.?(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json)(\.partial)?$")
+_PARTIAL_FILE = re.compile(
+    r"^\.(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json|shardprep-build\.json)\.partial$"
+)
 
 
 class _Bar(tqdm):  # type: ignore[misc]
@@ -49,6 +52,8 @@ class BuildSummary:
     """What a build produced; ``to_dict()`` is the ``--json`` output."""
 
     out: str
+    layout: str  # the input layout read: class-folders, keyed, listing or tar
+    layout_detected: bool  # True if auto-detected, False if given with --format
     num_samples: int
     num_classes: int
     num_shards: int
@@ -79,30 +84,95 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     """
     config = BuildConfig(**options)
     started = time.perf_counter()
-    _check_out(out, config)
-    # → Inventory: one entry per sample, metadata only
-    inventory = _scan(raw, config)
-    # → Selection: which inventory samples are written, and how many copies
-    selection = select_samples(inventory, config)
-    # → Plan: per shard, the selected samples' positions in write order
-    labels = inventory.label[selection.source]
-    sizes = inventory.sample_bytes()[selection.source]
-    plan = plan_shards(labels, sizes, config.shards, config.seed, groups=selection.source)
-    fingerprint = _fingerprint(inventory, config, selection)
-    _prepare_out(out, config)
-    journal = _journal(out, config, fingerprint)
-    # → ShardRecords in shard order, then the manifest (its presence means "complete")
-    records, reused = _write_all(inventory, selection, plan, out, config)
-    manifest = manifest_from_records(
-        records,
-        config.output_options(),
-        fingerprint,
-        inventory.class_names,
-        extra=selection.manifest_section(inventory),
+    stage = _Stage.CHECK
+    try:
+        _check_out(out, config)
+        # → Inventory: one entry per sample, metadata only
+        inventory, layout = _scan(raw, config)
+        # → Selection: which inventory samples are written, and how many copies
+        selection = select_samples(inventory, config)
+        # → Plan: per shard, the selected samples' positions in write order
+        labels = inventory.label[selection.source]
+        sizes = inventory.sample_bytes()[selection.source]
+        plan = plan_shards(labels, sizes, config.shards, config.seed, groups=selection.source)
+        fingerprint = _fingerprint(inventory, config, selection)
+        _prepare_out(out, config)
+        stage = _Stage.JOURNAL
+        journal = _journal(out, config, fingerprint)
+        stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
+        # → ShardRecords in shard order, then the manifest (its presence means "complete")
+        records, reused = _write_all(inventory, selection, plan, out, config)
+        manifest = manifest_from_records(
+            records,
+            config.output_options(),
+            fingerprint,
+            inventory.class_names,
+            extra=selection.manifest_section(inventory),
+        )
+        _write_manifest(manifest, out)
+        os.remove(journal)  # the build is complete
+        detected = InputFormat(config.input_format) is InputFormat.AUTO
+        elapsed = time.perf_counter() - started
+        return _summary(out, layout, detected, manifest, inventory, elapsed, reused)
+    except BaseException as err:
+        if stage is _Stage.WRITE:  # every worker has stopped: no partial file is being written
+            _remove_partial_files(out)
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, BuildInterrupted):
+            raise _interrupted(out, config, stage) from err
+        raise
+
+
+class _Stage(Enum):
+    """How far a build got, for the advice after a Ctrl-C and for clean-up."""
+
+    CHECK = "before OUT is touched"
+    JOURNAL = "OUT is prepared, the journal is being written"
+    WRITE = "the journal is written: resumable"
+
+
+def _interrupted(out: str, config: BuildConfig, stage: _Stage) -> BuildInterrupted:
+    """The Ctrl-C error, with the advice that works in the state the build left OUT in."""
+    journal = os.path.exists(os.path.join(out, JOURNAL_NAME))
+    if stage is not _Stage.CHECK and journal:  # (with --overwrite, an old journal is gone by now)
+        instead = " instead of --overwrite" if config.overwrite else ""
+        return BuildInterrupted(
+            f"interrupted; the finished shards are kept in {out}: run the same command "
+            f"with --resume{instead} to finish the build",
+            resumable=True,
+        )
+    if stage is _Stage.WRITE:  # the journal is gone only once the manifest is written
+        return BuildInterrupted(
+            f"interrupted after the build finished: {out} is complete", resumable=False
+        )
+    return BuildInterrupted(
+        "interrupted before any shard was written: run the same command again", resumable=False
     )
-    write_manifest(manifest, out)
-    os.remove(journal)
-    return _summary(out, manifest, inventory, time.perf_counter() - started, reused)
+
+
+def _remove_partial_files(out: str) -> None:
+    """Remove the hidden temp files a failed or interrupted build leaves (they can be large)."""
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(out):
+            if _PARTIAL_FILE.match(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(out, name))
+
+
+def _output_error(path: str, err: OSError, advice: str) -> OutputError:
+    what = "no space left on the device" if err.errno == errno.ENOSPC else err.strerror or str(err)
+    return OutputError(f"{path}: {what}; {advice}", path)
+
+
+def _write_manifest(manifest: Manifest, out: str) -> None:
+    try:
+        write_manifest(manifest, out)
+    except OSError as err:
+        raise _output_error(
+            os.path.join(out, MANIFEST_NAME),
+            err,
+            "every shard is written and kept: fix the cause, then run the same command "
+            "with --resume to write the manifest",
+        ) from err
 
 
 def _check_out(out: str, config: BuildConfig) -> None:
@@ -127,23 +197,36 @@ def _check_out(out: str, config: BuildConfig) -> None:
 
 def _prepare_out(out: str, config: BuildConfig) -> None:
     """Create ``out``; with --overwrite remove the files a previous build wrote (only those)."""
-    os.makedirs(out, exist_ok=True)
-    if config.overwrite:
-        for name in os.listdir(out):
-            if _OWN_FILE.match(name) or name == JOURNAL_NAME:
-                os.remove(os.path.join(out, name))
+    try:
+        os.makedirs(out, exist_ok=True)
+        if config.overwrite:
+            for name in os.listdir(out):
+                if _OWN_FILE.match(name) or name == JOURNAL_NAME:
+                    os.remove(os.path.join(out, name))
+    except OSError as err:
+        raise _output_error(
+            out, err, "cannot create or clear the output folder: choose a writable OUT"
+        ) from err
 
 
-def _scan(raw: str, config: BuildConfig) -> Inventory:
-    with _Bar(desc="scan", unit=" samples", disable=not config.progress, leave=False) as bar:
-        return scan(
+def _scan(raw: str, config: BuildConfig) -> tuple[Inventory, InputFormat]:
+    """The inventory of ``raw`` and its layout (auto-detected unless --format gave one)."""
+    layout = InputFormat(config.input_format)
+    detected = layout is InputFormat.AUTO
+    if detected:
+        layout = detect_format(raw)
+    # leave=True: the bar's last state (the real sample count) stays, and ends its line.
+    with _Bar(desc=f"scan {layout.value}", unit=" samples", disable=not config.progress) as bar:
+        inventory = scan(
             raw,
-            InputFormat(config.input_format),
+            layout,
             tick=bar.update,
             path_column=config.path_column,
             label_column=config.label_column,
             workers=config.workers or default_workers(),
+            detected=detected,
         )
+    return inventory, layout
 
 
 def _fingerprint(inventory: Inventory, config: BuildConfig, selection: Selection) -> str:
@@ -174,6 +257,11 @@ def _journal(out: str, config: BuildConfig, fingerprint: str) -> str:
             raise InputError(
                 f"{out}: no interrupted build to resume here; run without --resume", out
             ) from err
+        except (OSError, ValueError) as err:
+            raise InputError(
+                f"{path}: the build journal is unreadable ({err}); start over with --overwrite",
+                path,
+            ) from err
         if previous != record:
             raise InputError(
                 f"{out}: the interrupted build used other input or options; rerun it with "
@@ -181,8 +269,19 @@ def _journal(out: str, config: BuildConfig, fingerprint: str) -> str:
                 out,
             )
         return path
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(record, f, sort_keys=True)
+    tmp = os.path.join(out, f"{JOURNAL_NAME}.partial")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException as err:  # disk full, or Ctrl-C: no half-written journal is left
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        if isinstance(err, OSError):
+            raise _output_error(
+                path, err, "cannot start the build: fix the cause, then run the same command again"
+            ) from err
+        raise
     return path
 
 
@@ -216,24 +315,37 @@ class _WriteContext:
         )
 
 
-_worker_context: _WriteContext | None = None  # set once per worker process by _init_worker
-_worker_counter: Any = None
+class _Stopped(Exception):
+    """Raised in a worker at its next progress report once the build is stopping."""
 
 
-def _init_worker(context: _WriteContext, counter: Any) -> None:
-    global _worker_context, _worker_counter
-    _worker_context, _worker_counter = context, counter
+@dataclass(frozen=True)
+class _Channel:
+    """Shared between the build and its workers: samples written, and "stop now"."""
+
+    written: Any  # multiprocessing.Value("q")
+    stop: Any  # multiprocessing.Event
+
+    def count(self, n: int) -> None:
+        if self.stop.is_set():
+            raise _Stopped
+        with self.written.get_lock():
+            self.written.value += n
 
 
-def _count(n: int) -> None:
-    with _worker_counter.get_lock():
-        _worker_counter.value += n
+_worker_state: tuple[_WriteContext, _Channel] | None = None  # set once per worker process
+
+
+def _init_worker(context: _WriteContext, channel: _Channel) -> None:
+    global _worker_state
+    _worker_state = (context, channel)
 
 
 def _write_in_worker(shard: int) -> ShardRecord:
-    if _worker_context is None:
+    if _worker_state is None:
         raise RuntimeError("worker used before _init_worker")
-    return _worker_context.write(shard, _count)
+    context, channel = _worker_state
+    return context.write(shard, channel.count)
 
 
 def _write_all(
@@ -253,62 +365,90 @@ def _write_all(
     context = _WriteContext(inventory, selection, plan, out, config.compression, config.zstd_level)
     total = sum(len(plan[s]) for s in todo)
     workers = min(config.num_workers(), max(1, len(todo)))
-    if workers == 1:
-        with _Bar(total=total, desc="write", unit=" samples", disable=not config.progress) as bar:
-            for shard in todo:
-                records[shard] = context.write(shard, bar.update)
-    else:
-        records.update(_write_parallel(context, todo, workers, total, config.progress))
+    try:
+        if workers == 1:
+            with _Bar(
+                total=total, desc="write", unit=" samples", disable=not config.progress
+            ) as bar:
+                for shard in todo:
+                    records[shard] = context.write(shard, bar.update)
+        else:
+            records.update(_write_parallel(context, todo, workers, total, config.progress))
+    except WriteError as err:
+        changed = _changed_source(context.samples(err.shard_index))
+        if changed is None:
+            raise
+        raise WriteError(
+            f"shard {err.shard_index}: {changed} since the scan, and the finished shards were "
+            "planned from the scanned sizes, so --resume would refuse this input: put the "
+            "file back as it was and run the same command with --resume, or rebuild from the "
+            "current input with --overwrite",
+            err.shard_index,
+        ) from err
     return [records[s] for s in range(len(plan))], len(plan) - len(todo)
+
+
+def _changed_source(samples: list[SampleRef]) -> str | None:
+    """How a source of ``samples`` differs from the scan (gone, other size), or None."""
+    for sample in samples:
+        for part in sample.parts:
+            try:
+                size = os.stat(part.path).st_size
+            except FileNotFoundError:
+                return f"{part.path} was removed"
+            except OSError:
+                continue  # unreadable, not changed: the writer's own message says so
+            if part.offset < 0 and size != part.size:
+                return f"{part.path} changed size ({part.size} -> {size} bytes)"
+            if part.offset >= 0 and size < part.offset + part.size:
+                return f"{part.path} was truncated ({size} bytes)"
+    return None
 
 
 def _write_parallel(
     context: _WriteContext, todo: list[int], workers: int, total: int, progress: bool
 ) -> dict[int, ShardRecord]:
-    """Write shards ``todo`` over ``workers`` processes; the first failure cancels the rest."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    mp = multiprocessing.get_context(method)
-    counter = mp.Value("q", 0)
+    """Write shards ``todo`` over ``workers`` processes.
+
+    The first failure or Ctrl-C stops the rest within one zstd frame's worth of
+    writing per worker (they give up at their next progress report), and this
+    returns or raises only once every worker has stopped.
+    """
+    mp = mp_context()
+    channel = _Channel(mp.Value("q", 0), mp.Event())
     records: dict[int, ShardRecord] = {}
     with (
-        _pool(workers, mp, context, counter) as pool,
         _Bar(total=total, desc="write", unit=" samples", disable=not progress) as bar,
+        worker_pool(workers, _init_worker, (context, channel), stop=channel.stop.set) as pool,
     ):
         pending: dict[Future[ShardRecord], int] = {
-            pool.submit(_write_in_worker, shard): shard for shard in todo
+            pool.executor.submit(_write_in_worker, shard): shard for shard in todo
         }
         while pending:
-            done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            bar.update(counter.value - bar.n)
+            done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C
+            bar.update(channel.written.value - bar.n)
             for future in done:
                 shard = pending.pop(future)
                 records[shard] = future.result()  # re-raises the worker's WriteError
-        bar.update(counter.value - bar.n)
+        bar.update(channel.written.value - bar.n)
     return records
 
 
-@contextmanager
-def _pool(
-    workers: int, mp: Any, context: _WriteContext, counter: Any
-) -> Iterator[ProcessPoolExecutor]:
-    pool = ProcessPoolExecutor(
-        workers, mp_context=mp, initializer=_init_worker, initargs=(context, counter)
-    )
-    try:
-        yield pool
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-
-
 def _summary(
-    out: str, manifest: Manifest, inventory: Inventory, elapsed: float, reused: int
+    out: str,
+    layout: InputFormat,
+    detected: bool,
+    manifest: Manifest,
+    inventory: Inventory,
+    elapsed: float,
+    reused: int,
 ) -> BuildSummary:
     data = manifest.to_json()["totals"]
     source_bytes = int(inventory.part_size.sum())
     return BuildSummary(
         out=out,
+        layout=layout.value,
+        layout_detected=detected,
         num_samples=data["num_samples"],
         num_classes=len(inventory.class_names or ()),
         num_shards=data["num_shards"],

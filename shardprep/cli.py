@@ -1,34 +1,41 @@
 """The ``shardprep`` command line: a thin layer that parses options, calls the API, reports.
 
 Exit codes: 0 success; 1 data or I/O error (``ShardprepError``); 2 usage
-error (bad option values, impossible requests such as more shards than
-samples); 130 interrupted. Expected errors print one message, never a traceback.
+error (bad option values, a path argument that does not exist, impossible
+requests such as more shards than samples); 130 interrupted. Expected errors print one message, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from shardprep.errors import PlanError, ShardprepError
+from shardprep.errors import BuildInterrupted, PlanError, ShardprepError
 
 __all__ = ["main"]
 
 
-def _run(action: Callable[[], Any]) -> Any:
-    """Call ``action``, turning our exceptions into click errors with the right exit code."""
+def _run(action: Callable[[], Any], progress: bool = False) -> Any:
+    """Call ``action``, turning our exceptions into click errors with the right exit code.
+
+    ``progress``: progress bars may be on stderr; a Ctrl-C can cut one mid-line,
+    so the interrupt message then starts with a line break of its own.
+    """
     try:
         return action()
     except PlanError as err:
         raise click.UsageError(str(err)) from err
     except ShardprepError as err:
         raise click.ClickException(str(err)) from err
-    except KeyboardInterrupt:
-        click.echo("interrupted; finished shards are kept: rerun with --resume", err=True)
+    except KeyboardInterrupt as err:
+        # BuildInterrupted says how to go on; a bare Ctrl-C elsewhere has nothing to resume.
+        message = str(err) if isinstance(err, BuildInterrupted) else "interrupted"
+        click.echo(("\n" if progress else "") + message, err=True)
         sys.exit(130)
 
 
@@ -39,7 +46,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("raw", type=click.Path(path_type=str))
+@click.argument("raw", type=click.Path(exists=True, path_type=str))
 @click.argument("out", type=click.Path(path_type=str))
 @click.option(
     "--shards", "-n", type=click.IntRange(min=1), required=True, help="Number of shards to write."
@@ -127,7 +134,12 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     """
     from shardprep.build import build as run_build
 
-    summary = _run(lambda: run_build(raw, out, progress=not (quiet or as_json), **options))
+    progress = not (quiet or as_json)
+    summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)
+    if isinstance(click.get_current_context().obj, _OwnProcess):
+        # The build is complete and the process about to exit: a Ctrl-C from now on would only
+        # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
@@ -135,9 +147,11 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
 
 
 def _format_summary(s: dict[str, Any]) -> str:
+    how = "auto-detected" if s["layout_detected"] else "--format"
     return "\n".join(
         [
             f"wrote {s['num_shards']} shards to {s['out']}",
+            f"  input     {s['layout']} ({how})",
             f"  samples   {s['num_samples']} ({s['min_shard_samples']}-{s['max_shard_samples']} per shard), "
             f"{s['num_classes']} classes",
             f"  bytes     {s['num_bytes']:,} on disk, {s['tar_bytes']:,} as tar; "
@@ -195,6 +209,14 @@ def example(raw: str, samples: int, classes: int, seed: int) -> None:
     click.echo(f"wrote {sum(counts)} samples in {len(counts)} class folders to {raw}: {counts}")
 
 
+class _OwnProcess:
+    """click context object that :func:`main` sets: the CLI owns the process and exits after
+    the command, so a command may change process-wide state such as signal handlers (not under
+    ``CliRunner`` or another in-process caller)."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="shardprep")
+    """Console-script entry point (``shardprep``, ``python -m shardprep``); exits the process."""
+    cli.main(
+        args=argv if argv is not None else sys.argv[1:], prog_name="shardprep", obj=_OwnProcess()
+    )

@@ -12,9 +12,13 @@ sample key involved and says what to do about it.
     │   └── DuplicateKeyError two inputs map to one sample key (.key, .paths)
     ├── PlanError             impossible request: N > samples, bad class weights
     ├── WriteError            writing a shard failed (.shard_index)
+    ├── OutputError           the output folder, journal or manifest cannot be written (.path)
     ├── ManifestError         missing/unknown/invalid manifest or index (.path)
     │   └── ChecksumMismatchError  a file's sha256 differs (.path, .expected, .actual)
     └── LoaderError           (loader/errors.py adds the loader's subclasses)
+
+    KeyboardInterrupt
+    └── BuildInterrupted      Ctrl-C stopped a build; the message says how to go on (.resumable)
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BuildInterrupted",
     "ChecksumMismatchError",
     "DuplicateKeyError",
     "InputError",
     "LoaderError",
     "ManifestError",
+    "OutputError",
     "PlanError",
     "ShardprepError",
     "WriteError",
@@ -81,6 +87,17 @@ class WriteError(ShardprepError):
         return (WriteError, (str(self), self.shard_index))
 
 
+class OutputError(ShardprepError):
+    """The output folder, the build journal or the manifest cannot be written (disk full, read-only)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (OutputError, (str(self), self.path))
+
+
 class ManifestError(ShardprepError):
     """A manifest or shard index is missing, of an unknown version, or inconsistent."""
 
@@ -120,3 +137,19 @@ class ChecksumMismatchError(ManifestError):
 
 class LoaderError(ShardprepError):
     """Base class of errors raised while streaming shards (see ``loader.errors``)."""
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a build. A KeyboardInterrupt, so it is never caught as a ShardprepError.
+
+    The message says how to go on: ``resumable`` is True once the build has
+    written its journal (run the same command with ``--resume``), False before
+    (nothing was written: run the same command again).
+    """
+
+    def __init__(self, message: str, resumable: bool) -> None:
+        super().__init__(message)
+        self.resumable = resumable
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (BuildInterrupted, (str(self), self.resumable))

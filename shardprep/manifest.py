@@ -30,6 +30,8 @@ __all__ = [
     "write_manifest",
 ]
 
+JOURNAL_NAME = ".shardprep-build.json"
+"""The build journal: present in OUT while a build is in progress (``build --resume`` needs it)."""
 MANIFEST_FORMAT = "shardprep-manifest"
 MANIFEST_VERSION = 2  # 2: shards carry per-sample checksums (index version 2), index_bytes
 MAX_MANIFEST_BYTES = 256 << 20
@@ -308,8 +310,21 @@ def read_manifest(out_dir: str) -> Manifest:
         with open(path, "rb") as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as err:
-        raise ManifestError(
-            f"{path}: no manifest; the build did not finish (run shardprep build with --resume)",
-            path,
-        ) from err
+        raise ManifestError(f"{path}: no manifest; {_why_no_manifest(out_dir)}", path) from err
     return parse_manifest(data, path)
+
+
+def _why_no_manifest(out_dir: str) -> str:
+    """What a folder without a manifest is, and the advice that works for it."""
+    if os.path.exists(os.path.join(out_dir, JOURNAL_NAME)):
+        return "the build did not finish (run the same shardprep build command with --resume)"
+    try:
+        names = os.listdir(out_dir)
+    except OSError as err:
+        return f"cannot list {out_dir} ({err.strerror})"
+    if any(name.startswith("shard-") for name in names):
+        return (
+            "the build did not finish or its manifest was removed, and no build journal is "
+            "left to resume from: rebuild with shardprep build --overwrite"
+        )
+    return f"{out_dir} is not the output of shardprep build (it holds no shards)"

@@ -16,9 +16,9 @@ import numpy.typing as npt
 
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
-from shardprep.keys import KEY_BYTES_TABLE
+from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import scan_class_folders
-from shardprep.scan.keyed_files import looks_keyed, scan_keyed_files
+from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
@@ -38,10 +38,18 @@ class InputFormat(str, Enum):
 
 
 def detect_format(raw: str) -> InputFormat:
-    """Guess the layout of ``raw`` (see docs/cli.md for the rules).
+    """Decide the layout of ``raw`` from its top level (see docs/cli.md for the rules).
+
+    A folder that holds only folders is class folders unless its first folder
+    with files holds ``.cls`` label parts (then it is keyed). The scan then
+    refuses what contradicts the choice wherever it is (a ``.cls`` file in a
+    class folder, a keyed sample without a label), so the outcome never
+    depends on which folder sorts first.
 
     Raises:
-        InputError: ``raw`` is missing, empty or of no known layout.
+        InputError: ``raw`` is missing, empty, of no known layout, or ambiguous
+            (files and folders side by side without ``.cls`` labels): the
+            message asks for ``--format``.
     """
     if not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
@@ -54,17 +62,29 @@ def detect_format(raw: str) -> InputFormat:
         raise InputError(
             f"{raw}: a file input must be a .csv/.tsv/.jsonl listing or a .tar shard", raw
         )
-    entries = [e for e in os.scandir(raw) if not e.name.startswith(".")]
+    with os.scandir(raw) as it:
+        entries = sorted(
+            ((e.name, e.is_dir()) for e in it if not e.name.startswith(".")),
+        )
     if not entries:
         raise InputError(f"{raw}: the folder is empty; point RAW at the dataset", raw)
-    files = [e for e in entries if not e.is_dir()]
+    files = [name for name, is_dir in entries if not is_dir]
+    folders = [name for name, is_dir in entries if is_dir]
     # A shardprep output also holds .idx sidecars and manifest.json next to its .tar shards.
-    shards = [e for e in files if not (e.name.endswith(".idx") or e.name == MANIFEST_NAME)]
-    if shards and all(e.name.endswith(".tar") for e in shards):
+    shards = [n for n in files if not (n.endswith(".idx") or n == MANIFEST_NAME)]
+    if shards and all(n.endswith(".tar") for n in shards):
         return InputFormat.TAR
-    if files:
+    if files and (not folders or any(is_label_file(n) for n in files)):
         return InputFormat.KEYED
-    return InputFormat.KEYED if looks_keyed(raw) else InputFormat.CLASS_FOLDERS
+    if files:
+        raise InputError(
+            f"{raw}: ambiguous layout: the top level holds files (e.g. {files[0]!r}) and "
+            f"folders (e.g. {folders[0]!r}) but no .cls labels; pass --format keyed to read "
+            "every file as keyed samples, or move the files out to read the folders as "
+            "classes (--format class-folders)",
+            raw,
+        )
+    return InputFormat.KEYED if first_files_have_labels(raw) else InputFormat.CLASS_FOLDERS
 
 
 def scan(
@@ -74,18 +94,24 @@ def scan(
     path_column: str = "path",
     label_column: str | None = None,
     workers: int = 1,
+    detected: bool = False,
 ) -> Inventory:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``workers`` > 1 scans class folders in parallel processes (same result).
+    ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
+    did (``detect_format``). A detected layout is read strictly: what the
+    detection cannot tell apart is refused with a message asking for
+    ``--format`` (keyed files merging two parts of the same type, class
+    folders whose files collide on a key) instead of guessed.
 
     Raises:
-        InputError: the input is unusable; the message lists the offending paths.
+        InputError: the input is unusable or ambiguous; the message lists the offending paths.
         DuplicateKeyError: two sources map to the same sample key.
     """
     fmt = InputFormat(fmt)
     if fmt is InputFormat.AUTO:
-        fmt = detect_format(raw)
+        fmt, detected = detect_format(raw), True
     elif not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
@@ -93,16 +119,32 @@ def scan(
         inventory = scan_listing(raw, count, path_column, label_column)
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(os.path.abspath(raw), count, workers)
+    elif fmt is InputFormat.KEYED:
+        inventory = scan_keyed_files(os.path.abspath(raw), count, same_type_parts=not detected)
     else:
-        scanner = {
-            InputFormat.KEYED: scan_keyed_files,
-            InputFormat.TAR: scan_tar_shards,
-        }[fmt]
-        inventory = scanner(os.path.abspath(raw), count)
+        inventory = scan_tar_shards(os.path.abspath(raw), count)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
-    check_unique_keys(inventory)
+    try:
+        check_unique_keys(inventory)
+    except DuplicateKeyError as err:
+        first, second = err.paths[:2]
+        if not (detected and fmt is InputFormat.CLASS_FOLDERS and _one_keyed_sample(first, second)):
+            raise
+        raise InputError(
+            f"{first!r} and {second!r} become one sample key {err.key!r}: {raw} was read as "
+            "class folders (its top level holds only folders and no .cls labels), one file "
+            "per sample. If files sharing a name are parts of one sample, this is keyed data: "
+            "pass --format keyed; if they are separate samples, rename one of them",
+            first,
+        ) from err
     return inventory
+
+
+def _one_keyed_sample(first: str, second: str) -> bool:
+    """True if WebDataset would group these two files into one sample (same folder and stem)."""
+    (dir_a, name_a), (dir_b, name_b) = os.path.split(first), os.path.split(second)
+    return dir_a == dir_b and split_name(name_a)[0] == split_name(name_b)[0]
 
 
 def check_unique_keys(inventory: Inventory) -> None:

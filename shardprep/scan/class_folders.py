@@ -6,13 +6,13 @@ files may sit at any depth below their class folder. Metadata only.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 from shardprep.errors import InputError
 from shardprep.inventory import Inventory, InventoryBuilder
+from shardprep.scan.keyed_files import LABEL_EXT
 from shardprep.scan.walk import Problems, Tick, walk_files
+from shardprep.workers import worker_pool
 
 __all__ = ["scan_class_folders"]
 
@@ -50,11 +50,13 @@ def scan_class_folders(root: str, tick: Tick, workers: int = 1) -> Inventory:
     problems = Problems()
     jobs = [(root, label, name) for label, name in enumerate(classes)]
     if workers > 1 and len(classes) > 1:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            # Merged one at a time, in class order, so only one part is held besides the whole.
-            for part, part_problems in pool.map(_scan_class, jobs):
-                _merge(builder, problems, part, part_problems, tick)
+        with worker_pool(workers) as pool:
+            futures = [pool.executor.submit(_scan_class, job) for job in reversed(jobs)]
+            # Merged one at a time, in class order, and dropped once merged.
+            while futures:
+                while not pool.wait(futures[-1:]):
+                    pass
+                _merge(builder, problems, *futures.pop().result(), tick)
     else:
         for job in jobs:
             _merge(builder, problems, *_scan_class(job), tick)
@@ -87,6 +89,14 @@ def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:
                 os.path.join(root, rel_dir, entry.name),
                 "file has no extension; the extension names the sample's part "
                 "(e.g. .jpg): rename it or move it out of the input",
+            )
+            continue
+        if ext == LABEL_EXT:
+            problems.add(
+                os.path.join(root, rel_dir, entry.name),
+                "a .cls label file in class-folder input, where the folder names the class; "
+                "remove it, or if .cls files label keyed samples, give every sample one "
+                "(then the input is read as keyed files)",
             )
             continue
         builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])

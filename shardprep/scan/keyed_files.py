@@ -35,8 +35,14 @@ def _read_label(path: str, problems: Problems) -> str | None:
     return text
 
 
-def scan_keyed_files(root: str, tick: Tick) -> Inventory:
-    """Inventory of every key group below ``root``; ``tick(n)`` reports progress."""
+def scan_keyed_files(root: str, tick: Tick, same_type_parts: bool = True) -> Inventory:
+    """Inventory of every key group below ``root``; ``tick(n)`` reports progress.
+
+    ``same_type_parts=False`` (auto-detected layout) refuses a sample with two
+    parts of the same last extension (``a.v1.png`` + ``a.v2.png``): those are
+    more likely two samples with dotted names than one sample, so the user
+    must say (``--format keyed`` follows WebDataset and merges them).
+    """
     builder = InventoryBuilder(root)
     labels = LabelTable()
     problems = Problems()
@@ -62,6 +68,16 @@ def scan_keyed_files(root: str, tick: Tick) -> Inventory:
                 else:
                     parts.append((ext, entry.size, -1))
             sample = f"{rel_dir}/{stem}" if rel_dir else stem
+            if not same_type_parts and _same_type(parts):
+                names = ", ".join(repr(e.name) for e in groups[stem])
+                problems.add(
+                    os.path.join(root, sample),
+                    f"{names} would be one sample (WebDataset groups files by the name up to "
+                    "the first dot) with two parts of the same type; if they are separate "
+                    "samples rename them so they differ before the first dot, if they are "
+                    "parts of one sample pass --format keyed",
+                )
+                continue
             if not parts:
                 problems.add(os.path.join(root, sample), "sample has a label but no data parts")
                 continue
@@ -79,16 +95,28 @@ def scan_keyed_files(root: str, tick: Tick) -> Inventory:
     return labels.freeze(builder)
 
 
-def looks_keyed(root: str) -> bool:
-    """True if some folder below ``root`` holds two files sharing a key (``a.jpg``, ``a.json``).
+def _same_type(parts: list[tuple[str, int, int]]) -> bool:
+    """True if two parts share their last extension (``v1.png``, ``v2.png``)."""
+    last = [ext.rpartition(".")[2] for ext, _size, _offset in parts]
+    return len(set(last)) < len(last)
 
-    Used by auto-detection to tell keyed files in sub-folders from class folders.
-    Stops at the first folder that has files.
+
+def is_label_file(name: str) -> bool:
+    """True if ``name`` is a ``.cls`` label part (``0001.cls``) by WebDataset's first-dot rule."""
+    return split_name(name)[1] == LABEL_EXT
+
+
+def first_files_have_labels(root: str) -> bool:
+    """True if the first folder below ``root`` (sorted walk) that holds files holds a ``.cls``.
+
+    Used by auto-detection: a folder of folders is keyed data only when it is
+    labelled by ``.cls`` parts. Labelled keyed data has one in every folder
+    with samples, and the scanners refuse a ``.cls`` file elsewhere, so
+    looking at the first folder decides without depending on folder order.
     """
     for _dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         names = [n for n in filenames if not n.startswith(".")]
         if names:
-            stems = [split_name(n)[0] for n in names]
-            return len(set(stems)) < len(stems)
+            return any(is_label_file(n) for n in names)
     raise InputError(f"{root}: no files found; point RAW at the dataset folder", path=root)

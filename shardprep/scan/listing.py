@@ -8,8 +8,10 @@ file is stat'ed, not read.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,15 +23,34 @@ from shardprep.scan.walk import Problems, Tick
 __all__ = ["scan_listing"]
 
 META_EXT = "json"
+_EXTRA = "\0extra"  # csv.DictReader's key for fields beyond the header (never a column name)
 
 
 def _rows(listing: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) pairs of a .csv/.tsv or .jsonl listing."""
+    """(line number, row) pairs of a .csv/.tsv or .jsonl listing.
+
+    A UTF-8 byte-order mark (what Excel writes) is skipped.
+
+    Raises:
+        InputError: a CSV row with more or fewer fields than the header, or a
+            JSONL line that is not a JSON object; the message names the line.
+    """
     lower = listing.lower()
-    with open(listing, newline="", encoding="utf-8") as f:
+    with open(listing, newline="", encoding="utf-8-sig") as f:
         if lower.endswith((".csv", ".tsv")):
-            reader = csv.DictReader(f, delimiter="\t" if lower.endswith(".tsv") else ",")
+            reader = csv.DictReader(
+                f, delimiter="\t" if lower.endswith(".tsv") else ",", restkey=_EXTRA
+            )
+            header = len(reader.fieldnames or ())
             for row in reader:
+                extra = row.pop(_EXTRA, [])
+                missing = list(row.values()).count(None)
+                if extra or missing:
+                    raise InputError(
+                        f"{listing}:{reader.line_num}: {header + len(extra) - missing} fields, "
+                        f"the header has {header}; quote fields that hold the delimiter",
+                        listing,
+                    )
                 yield reader.line_num, row
             return
         for number, line in enumerate(f, start=1):
@@ -57,8 +78,9 @@ def scan_listing(
     """
     root = os.path.dirname(os.path.abspath(listing))
     builder = InventoryBuilder(root, with_meta=True)
-    labels, problems = LabelTable(), Problems()
-    first, unlabelled = True, 0
+    labels, problems, confined = LabelTable(), Problems(), _Confinement(root)
+    first, labelled_line, unlabelled = True, 0, 0
+    unlabelled_lines: list[int] = []
     for number, row in _rows(listing):
         where = f"{listing}:{number}"
         if first:
@@ -75,33 +97,91 @@ def scan_listing(
             first = False
         rel = str(row.get(path_column) or "")
         norm = os.path.normpath(rel) if rel else ""
-        if not rel or os.path.isabs(rel) or norm.startswith(".."):
+        if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
             problems.add(where, f"path {rel!r} is empty or outside the listing's folder {root}")
-            continue
-        full = os.path.join(root, norm)
-        try:
-            size = os.stat(full).st_size
-        except OSError as err:
-            problems.add(where, f"cannot stat {full} ({err.strerror})")
             continue
         stem, dot, ext = norm.replace(os.sep, "/").rpartition(".")
         if not dot or "/" in ext:
             problems.add(where, f"{rel!r} has no extension; it names the sample's part")
             continue
-        label_text = row.get(label_column) if label_column else None
+        full = os.path.join(root, norm)
+        try:
+            size = confined.size(full)
+        except _Outside as err:
+            problems.add(
+                where,
+                f"{rel!r} resolves to {err}, outside the listing's folder {root} "
+                "(symlinks are resolved); copy the file in or move the listing up",
+            )
+            continue
+        except OSError as err:
+            problems.add(where, f"cannot stat {full} ({err.strerror or err})")
+            continue
+        label_value = row.get(label_column) if label_column else None
         label = UNLABELLED
-        if label_text is not None and str(label_text).strip():
-            label = labels.intern(str(label_text))
+        if isinstance(label_value, bool) or not isinstance(label_value, (str, int, type(None))):
+            problems.add(where, f"label {label_value!r} is not a string or an integer")
+            continue
+        if label_value is not None and str(label_value).strip():
+            label = labels.intern(str(label_value))
+            labelled_line = labelled_line or number
         else:
             unlabelled += 1
+            if len(unlabelled_lines) < 10:
+                unlabelled_lines.append(number)
         meta = {k: v for k, v in row.items() if k not in (path_column, label_column)}
         builder.add(stem, label, [(ext, size, -1)], meta=json.dumps(meta).encode() if meta else b"")
         tick(1)
     if first:
         raise InputError(f"{listing}: the listing has no rows", listing)
     if len(labels) and unlabelled:
-        problems.add(
-            listing, f"{unlabelled} row(s) have no label while others do; label all or none"
-        )
+        for number in unlabelled_lines:
+            problems.add(
+                f"{listing}:{number}",
+                f"no label, while line {labelled_line} has one ({unlabelled} row(s) without); "
+                "label every row or none",
+            )
     problems.raise_if_any()
     return labels.freeze(builder)
+
+
+class _Outside(Exception):
+    """A listed path resolves outside the listing's folder; the message is the real path."""
+
+
+class _Confinement:
+    """Sizes of listed files, refusing any that resolves (symlinks followed) outside ``root``.
+
+    Real paths of folders are cached, so a row costs one ``lstat`` unless the
+    file itself is a symlink.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.realpath(root)
+        self._real_dirs: dict[str, str] = {}
+
+    def _inside(self, real: str) -> bool:
+        return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def size(self, path: str) -> int:
+        """Size of the regular file at ``path``.
+
+        Raises:
+            _Outside: it resolves outside the root.
+            OSError: it is missing, unreadable or not a regular file.
+        """
+        folder, name = os.path.split(path)
+        real_dir = self._real_dirs.get(folder)
+        if real_dir is None:
+            real_dir = self._real_dirs[folder] = os.path.realpath(folder)
+        info = os.lstat(os.path.join(real_dir, name))
+        real = os.path.join(real_dir, name)
+        if stat.S_ISLNK(info.st_mode):
+            real = os.path.realpath(real)
+            if self._inside(real):
+                info = os.stat(real)
+        if not self._inside(real):
+            raise _Outside(real)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return info.st_size

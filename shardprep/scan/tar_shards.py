@@ -50,7 +50,10 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
                 current, label_text = None, None
                 parts: list[tuple[str, int, int]] = []
                 for member in tar:
-                    if not member.isfile():
+                    if member.isdir():
+                        continue
+                    if not member.isfile() or member.issparse():
+                        problems.add(f"{tar_path}:{member.name}", _not_a_file(member))
                         continue
                     stem, ext = _split_member(member.name)
                     if stem.rsplit("/", 1)[-1].startswith("__"):
@@ -58,7 +61,7 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
                     if stem != current:
                         if current is not None:
                             unlabelled += _add(
-                                builder, labels, current, parts, label_text, tar_path
+                                builder, labels, problems, current, parts, label_text, tar_path
                             )
                             tick(1)
                         current, parts, label_text = stem, [], None
@@ -70,7 +73,9 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
                     else:
                         parts.append((ext, member.size, member.offset_data))
                 if current is not None:
-                    unlabelled += _add(builder, labels, current, parts, label_text, tar_path)
+                    unlabelled += _add(
+                        builder, labels, problems, current, parts, label_text, tar_path
+                    )
                     tick(1)
         except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
             problems.add(
@@ -82,15 +87,32 @@ def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
     return labels.freeze(builder)
 
 
+def _not_a_file(member: tarfile.TarInfo) -> str:
+    """Why a tar member cannot be a part of a sample: links are not followed."""
+    if member.issym() or member.islnk():
+        kind = "a symbolic link" if member.issym() else "a hard link"
+        return (
+            f"member is {kind} to {member.linkname!r}; links are not followed: "
+            "store the file itself in the tar (tar --dereference --hard-dereference)"
+        )
+    if member.issparse():
+        return "member is a sparse file; store it as a regular file"
+    return "member is not a regular file (device, fifo or other special member)"
+
+
 def _add(
     builder: InventoryBuilder,
     labels: LabelTable,
+    problems: Problems,
     stem: str,
     parts: list[tuple[str, int, int]],
     label_text: str | None,
     tar_path: str,
 ) -> int:
     """Add one grouped sample; returns 1 if it had no label."""
+    if not parts:
+        problems.add(f"{tar_path}:{stem}", "sample has no data members, only a label")
+        return 0
     label = labels.intern(label_text) if label_text else UNLABELLED
     builder.add(stem, label, parts, container=tar_path)
     return int(label == UNLABELLED)

@@ -39,10 +39,11 @@ def test_build_prints_a_summary(raw: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0] == f"wrote 4 shards to {out2}"
-    assert lines[1].split() == ["samples", "16", "(4-4", "per", "shard),", "3", "classes"]
-    assert lines[2].strip().startswith("bytes")
-    assert lines[3].strip().startswith("time")
-    assert len(lines) == 4
+    assert lines[1].split() == ["input", "class-folders", "(auto-detected)"]
+    assert lines[2].split() == ["samples", "16", "(4-4", "per", "shard),", "3", "classes"]
+    assert lines[3].strip().startswith("bytes")
+    assert lines[4].strip().startswith("time")
+    assert len(lines) == 5
     assert sorted(os.listdir(out2)) == sorted(os.listdir(out))
 
 
@@ -217,12 +218,13 @@ def test_usage_errors_exit_2(raw: Path, tmp_path: Path, args: list[str], message
     assert not out.exists()
 
 
-def test_missing_raw_exits_1(tmp_path: Path) -> None:
+def test_missing_raw_exits_2(tmp_path: Path) -> None:
+    """A path argument that does not exist is a usage error (click's convention), as for inspect."""
     missing = tmp_path / "no-such-raw"
     out = tmp_path / "out"
     result = _invoke("build", str(missing), str(out), "-n", "2", "-q")
-    assert result.exit_code == 1
-    assert result.output == f"Error: {missing}: no such file or folder\n"
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for 'RAW': Path '{missing}' does not exist." in result.output
     assert not out.exists()
 
 

@@ -198,8 +198,10 @@ def test_keyed_files_group_by_first_dot_stem_at_any_depth(tmp_path: Path) -> Non
     assert "no .cls label, while other samples have one (2 such samples)" in str(info.value)
     assert str(raw / "0001") in str(info.value)
     os.remove(raw / "0002.cls")
-    assert detect_format(str(raw)) is InputFormat.KEYED
-    inv, ticked = _ticks(raw)
+    # top-level files beside a folder, and no .cls: ambiguous (class folders plus a stray file?)
+    with pytest.raises(InputError, match="ambiguous layout.*pass --format keyed"):
+        detect_format(str(raw))
+    inv, ticked = _ticks(raw, InputFormat.KEYED)
     assert ticked == len(inv) == 3
     assert inv.class_names is None
     assert inv.label.tolist() == [-1, -1, -1]
@@ -354,7 +356,11 @@ def test_listing_extra_columns_become_a_json_member(tmp_path: Path) -> None:
         ("path,label\nimg/0.jpg,a\n", {"path_column": "file"}, "no 'file' column"),
         ("path,label\nimg/0.jpg,a\n", {"label_column": "cls"}, "no label column 'cls'"),
         ("path\n", {}, "the listing has no rows"),
-        ("path,label\nimg/0.jpg,a\nimg/1.jpg,\n", {}, "1 row(s) have no label"),
+        (
+            "path,label\nimg/0.jpg,a\nimg/1.jpg,\n",
+            {},
+            "bad.csv:3: no label, while line 2 has one (1 row(s) without)",
+        ),
         ("path\n../ds/img/0.jpg\n", {}, "outside the listing's folder"),
         ("path\nimg/../../x.jpg\n", {}, "outside the listing's folder"),
         ("path\n/etc/hostname\n", {}, "outside the listing's folder"),
@@ -533,6 +539,10 @@ def test_detect_format_of_each_layout(tmp_path: Path) -> None:
     nested_keyed = tmp_path / "nested"
     _write(nested_keyed / "part0" / "1.jpg")
     _write(nested_keyed / "part0" / "1.json")
+    # folders only and no .cls: class folders, whatever the file names (the scan then refuses
+    # the two files that would be one keyed sample, asking for --format)
+    assert detect_format(str(nested_keyed)) is InputFormat.CLASS_FOLDERS
+    _write(nested_keyed / "part0" / "1.cls", "3")
     assert detect_format(str(nested_keyed)) is InputFormat.KEYED
 
     for name in ("l.csv", "l.tsv", "l.jsonl", "l.ndjson", "L.CSV"):

@@ -1,0 +1,129 @@
+"""Worker processes that Ctrl-C stops promptly and cleanly.
+
+A terminal's Ctrl-C sends SIGINT to every process of the foreground group.
+If a ``ProcessPoolExecutor`` worker takes it while it writes a result to the
+pool's pipe, the half-written message leaves the pool's reader thread waiting
+forever, and ``shutdown(wait=True)`` with it; if the main thread takes it as a
+KeyboardInterrupt inside ``submit`` (between forking a worker and recording
+it), that worker is never told to exit and outlives the build. So here:
+
+- workers ignore SIGINT (set first thing in each worker; until then they run
+  the handler below, which only sets a flag in their own copy);
+- while the pool lives, the main thread's SIGINT handler only records the
+  Ctrl-C, and the caller polls for it (:meth:`WorkerPool.interrupted`) between
+  two well-defined steps, never inside the pool's machinery. (Blocking the
+  signal would not do: threads started by libraries, such as OpenBLAS's,
+  would still take it for the main thread.)
+- on any exception the caller's ``stop`` callback runs (it tells running
+  tasks to give up at their next checkpoint), pending tasks are cancelled and
+  the pool is shut down and joined; then the previous handler is restored and
+  a Ctrl-C that was not polled is raised as KeyboardInterrupt.
+
+Only the main thread with Python's default SIGINT handler does this. Another
+thread blocks SIGINT for itself while it starts workers (they inherit the
+mask) and leaves Ctrl-C to the main thread; a main thread with its own
+handler keeps it. Either way the workers ignore SIGINT.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from multiprocessing.context import BaseContext
+from typing import Any, TypeVar
+
+__all__ = ["WorkerPool", "mp_context", "worker_pool"]
+
+_SIGINT = {signal.SIGINT}
+T = TypeVar("T")
+
+
+class WorkerPool:
+    """A ``ProcessPoolExecutor`` (``.executor``) plus Ctrl-C polling; made by :func:`worker_pool`."""
+
+    def __init__(self, executor: ProcessPoolExecutor, ctrl_c: threading.Event | None) -> None:
+        self.executor = executor
+        self._ctrl_c = ctrl_c
+
+    def interrupted(self) -> bool:
+        """True (once per Ctrl-C) if Ctrl-C was pressed since the last call."""
+        if self._ctrl_c is None or not self._ctrl_c.is_set():
+            return False
+        self._ctrl_c.clear()
+        return True
+
+    def wait(self, futures: Iterable[Future[T]], timeout: float = 0.25) -> set[Future[T]]:
+        """The futures done within ``timeout`` s (at least one, or none on timeout).
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C was pressed (noticed here, between two waits).
+        """
+        done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        if self.interrupted():
+            raise KeyboardInterrupt
+        return done
+
+
+def mp_context() -> BaseContext:
+    """The multiprocessing context of the pools: fork where available, else spawn."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method)
+
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+@contextmanager
+def worker_pool(
+    workers: int,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
+    stop: Callable[[], None] | None = None,
+) -> Iterator[WorkerPool]:
+    """A pool of ``workers`` forked processes (spawned where fork is missing).
+
+    On an exception inside the block (a task's error, KeyboardInterrupt),
+    ``stop()`` is called, queued tasks are cancelled and the block exits only
+    when every worker has finished; the exception then propagates.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    ctrl_c = None
+    if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ctrl_c = threading.Event()
+        record = ctrl_c  # bound now: the handler must not see a later rebinding
+
+        def on_sigint(_signum: int, _frame: object) -> None:
+            record.set()
+
+        previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    # Another thread blocks SIGINT for itself; the workers it forks inherit the mask.
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set() if main else _SIGINT)
+    try:
+        executor = ProcessPoolExecutor(
+            workers,
+            mp_context=mp_context(),
+            initializer=_start_worker,
+            initargs=(initializer, initargs),
+        )
+        try:
+            yield WorkerPool(executor, ctrl_c)
+        except BaseException:
+            if stop is not None:
+                stop()
+            executor.shutdown(wait=True, cancel_futures=True)
+            raise
+        executor.shutdown(wait=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if ctrl_c is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+    if ctrl_c is not None and ctrl_c.is_set():  # a Ctrl-C during the final shutdown
+        raise KeyboardInterrupt
