@@ -15,6 +15,7 @@ from loader.errors import (
     UnreachableError,
     WorldMismatchError,
 )
+from loader.options import ReadOptions
 from loader.source import RemoteOptions
 from loader.world import World
 
@@ -22,6 +23,7 @@ __all__ = [
     "CorruptShardError",
     "IncompatibleStateError",
     "LoaderError",
+    "ReadOptions",
     "RemoteOptions",
     "ShardDataset",
     "UnreachableError",

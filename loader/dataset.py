@@ -21,6 +21,7 @@ from loader.decode import make_decoder
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.guards import check_not_resplit
+from loader.options import ReadOptions
 from loader.order import epoch_order
 from loader.partition import (
     Uneven,
@@ -81,10 +82,10 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         shuffle_buffer, shuffle_buffer_bytes: the shuffle window's bounds, in
             samples and bytes; also the worker's memory bound.
         block_size: samples per block of the epoch order.
-        verify: check each shard's sha256 when a worker first reads it.
         allow_pickle: allow decoding pickle/torch members (runs code from the shard).
-        on_error: ``"raise"`` (default) or ``"skip"``: replace unreadable samples
-            with a flagged repeat, giving up after ``max_consecutive_errors``.
+        read: checksums, whole-shard verification, what an unreadable sample
+            does (``on_error="skip"``), remote timeouts: a ``ReadOptions``
+            (default ``ReadOptions()``: checksums on, errors raise).
         class_weights: reweight classes at read time (``"balanced"``, ``"sqrt"``,
             a JSON file or ``"cat=2,dog=1"``). With ``resample=True`` each epoch
             draws a seeded multiset with those class proportions (same total);
@@ -108,10 +109,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         shuffle_buffer: int = 8192,
         shuffle_buffer_bytes: int = 16 << 20,
         block_size: int = 1024,
-        verify: bool = False,
         allow_pickle: bool = False,
-        on_error: str = "raise",
-        max_consecutive_errors: int = 10,
+        read: ReadOptions | None = None,
         class_weights: str | None = None,
         resample: bool = True,
     ) -> None:
@@ -124,7 +123,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
         if drop_last and batch_size is None:
             raise ValueError("drop_last needs a batch_size")
-        self.source = Source(path)
+        self.read = read or ReadOptions()
+        self.source = Source(path, self.read.remote)
         self.manifest = self.source.manifest()
         self.batch_size, self.drop_last = batch_size, drop_last
         self.seed, self.shuffle, self.uneven = seed, shuffle, Uneven(uneven)
@@ -134,9 +134,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         self._inherited_rank: tuple[int, int] | None = None
         self.decode, self.transform, self.allow_pickle = decode, transform, allow_pickle
         self.shuffle_buffer, self.shuffle_buffer_bytes = shuffle_buffer, shuffle_buffer_bytes
-        self.block_size, self.verify = block_size, verify
-        ErrorPolicy(on_error, max_consecutive_errors)  # validates
-        self.on_error, self.max_consecutive_errors = on_error, max_consecutive_errors
+        self.block_size = block_size
         self.class_weights, self.resample = class_weights, resample
         self._sizes = [s.num_samples for s in self.manifest.shards]
         self._reweighting: Reweighting | None = None
@@ -239,7 +237,9 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
         counts = self._slot_samples(world.world_size, world.num_workers)
         pieces = partition(order, self._total, world, self.uneven, counts)
-        reader = ShardReader(self.source, self.manifest, self.verify, self._expander(epoch))
+        reader = ShardReader(
+            self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
+        )
         decoder = make_decoder(self.decode, self.allow_pickle)
         try:
             # → raw samples, read window by window and shuffled inside each window
@@ -251,7 +251,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 skip=skip if batch is None else skip * batch,
                 max_samples=self.shuffle_buffer,
                 max_bytes=self.shuffle_buffer_bytes,
-                policy=ErrorPolicy(self.on_error, self.max_consecutive_errors),
+                policy=ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors),
             )
             # → decoded and transformed samples
             if decoder is not None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shardprep
-from loader import CorruptShardError, ShardDataset
+from loader import CorruptShardError, ReadOptions, ShardDataset
 from shardprep.manifest import read_manifest
 from shardprep.verify import verify_output
 from tests.faults.shard_surgery import copy_output, index_of
@@ -59,7 +59,7 @@ def test_skip_replaces_exactly_the_damaged_sample(built: Path, tmp_path: Path) -
     out = copy_output(built, tmp_path / "out")
     index = index_of(out, 2)
     _flip(out / "shard-00002.tar", int(index.member_offset[int(index.member_start[3])]))
-    samples = list(ShardDataset(str(out), on_error="skip"))
+    samples = list(ShardDataset(str(out), read=ReadOptions(on_error="skip")))
     assert len(samples) == TOTAL
     assert sum(s["__padded__"] for s in samples) == 1
     real = [s["__key__"] for s in samples if not s["__padded__"]]

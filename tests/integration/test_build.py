@@ -438,7 +438,10 @@ def test_verify_finds_a_flipped_byte(built: Path, tmp_path: Path) -> None:
     assert code == 1
     assert "shard-00003.tar: sha256 of the shard does not match the manifest" in output
     index = decode_index((out / "shard-00003.idx").read_bytes())
-    assert f"shard-00003.tar: 1 damaged sample(s) (missing bytes or checksum mismatch): {index.key(0)!r} (offset 0)" in output
+    assert (
+        f"shard-00003.tar: 1 damaged sample(s) (missing bytes or checksum mismatch): {index.key(0)!r} (offset 0)"
+        in output
+    )
     assert "2 problem(s) in" in output
     for other in (0, 1, 2, 4, 5, 6, 7):
         assert f"shard-{other:05d}" not in output

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch.utils.data
 
-from loader import CorruptShardError, IncompatibleStateError, ShardDataset
+from loader import CorruptShardError, IncompatibleStateError, ReadOptions, ShardDataset
 from loader import read as read_module
 from loader.batch import Packed
 from shardprep.errors import ChecksumMismatchError, ManifestError
@@ -220,7 +220,15 @@ def test_stateful_dataloader_resumes_exactly(
     epochs = [batch_keys(reference) for _ in range(3)]
     assert epochs[0] != epochs[1]
     total = len(epochs[0])
-    for epoch, k in [(0, 0), (0, 1), (0, 5), (0, total), (1, total // 2), (1, total - 1), (1, total)]:
+    for epoch, k in [
+        (0, 0),
+        (0, 1),
+        (0, 5),
+        (0, total),
+        (1, total // 2),
+        (1, total - 1),
+        (1, total),
+    ]:
         loader = _stateful(ShardDataset(out, **RESUME_OPTIONS), workers, persistent)
         for _ in range(epoch):
             batch_keys(loader)
@@ -438,7 +446,7 @@ def test_skip_policy_keeps_counts_and_flags_substitutes(built: Path, tmp_path: P
     out = _copy(built, tmp_path)
     shard = out / "shard-00003.tar"
     shard.write_bytes(shard.read_bytes()[:5000])
-    samples = list(ShardDataset(str(out), on_error="skip", block_size=4))
+    samples = list(ShardDataset(str(out), read=ReadOptions(on_error="skip"), block_size=4))
     assert len(samples) == 103
     missing = set(all_keys(built)) - {s["__key__"] for s in samples if not s["__padded__"]}
     assert 0 < len(missing) <= 13
@@ -461,7 +469,7 @@ def test_verify_detects_flipped_byte(built: Path, tmp_path: Path) -> None:
         int(index.sample_offset[damaged]),
     )
     with pytest.raises(ChecksumMismatchError, match="shard-00000.tar"):
-        list(ShardDataset(str(out), verify=True))
+        list(ShardDataset(str(out), read=ReadOptions(verify=True)))
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path: Path) -> None:

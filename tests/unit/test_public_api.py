@@ -34,6 +34,7 @@ def test_public_api_is_exactly_this() -> None:
         "CorruptShardError",
         "IncompatibleStateError",
         "LoaderError",
+        "ReadOptions",
         "RemoteOptions",
         "ShardDataset",
         "UnreachableError",
