@@ -31,6 +31,10 @@ RESUME = "with --resume to finish the build"
 AGAIN = "interrupted before any shard was written: run the same command again"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _Build:
     """A build subprocess in its own session, its stderr collected by a thread."""
 
@@ -40,6 +44,9 @@ class _Build:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
+            # background job of a non-interactive shell does, and the child would inherit it)
+            preexec_fn=_default_sigint,
         )
         self.stderr = b""
         self.started = threading.Event()  # the scan bar is up: shardprep runs, not Python's start

@@ -69,5 +69,10 @@ def test_the_scan_bar_shows_the_real_count_and_errors_start_a_line(tmp_path: Pat
 def test_an_in_process_build_leaves_ctrl_c_alone(tmp_path: Path) -> None:
     """Only the real process entry point ignores Ctrl-C after a build (CliRunner must not)."""
     raw = write_class_folders(tmp_path / "raw", {"a": 3})
-    assert invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q").exit_code == 0
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # pytest may have started with SIGINT ignored (a background job): start from Python's handler
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q").exit_code == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
