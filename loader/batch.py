@@ -12,8 +12,10 @@ entry per field, holding
 * a tensor when every sample's value is a number, or an array/tensor of one
   common shape and dtype (``.cls`` and ``.npy`` after ``decode=True``,
   ``__padded__``, ``__weight__``), stacked along a new first dimension;
-* otherwise a list, one value per sample (strings, keys, arrays of differing
-  shapes, a field some samples lack);
+* ``__key__``: a numpy array of the keys (``str`` elements), which the
+  DataLoader's ``default_convert`` and the pickler handle as one object;
+* otherwise a list, one value per sample (strings, arrays of differing shapes,
+  a field some samples lack);
 
 plus ``"__position__"``: ``{"epoch", "batch", "num_workers"}``, which
 ``ShardDataset.state_after(batch)`` turns into a resume state.
@@ -36,6 +38,7 @@ from torch.utils.data._utils.collate import default_collate, default_collate_fn_
 __all__ = ["POSITION", "Batch", "Packed", "collate_samples", "pack"]
 
 POSITION = "__position__"
+KEY = "__key__"
 
 
 class Batch(dict):  # type: ignore[type-arg]
@@ -68,21 +71,24 @@ class Packed(NamedTuple):
         return list(torch.split(self.data, torch.diff(self.offsets).tolist()))
 
 
-def pack(payloads: Sequence[bytes | memoryview]) -> Packed:
+def pack(payloads: Sequence[bytes]) -> Packed:
     """Pack payloads into one uint8 tensor, in shared memory when called in a DataLoader worker."""
-    sizes = [len(p) for p in payloads]
-    offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
-    torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
+    count = len(payloads)
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, payloads), dtype=np.int64, count=count), out=offsets[1:])
     total = int(offsets[-1])
-    if torch.utils.data.get_worker_info() is not None:  # as default_collate: no extra copy later
+    if torch.utils.data.get_worker_info() is not None:
+        # As default_collate does: made in shared memory, it crosses to the main process as is.
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
+        if total:
+            data.numpy()[:] = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+    elif total:
+        data = torch.frombuffer(bytearray().join(payloads), dtype=torch.uint8)  # one copy
     else:
-        data = torch.empty(total, dtype=torch.uint8)
-    if total:
-        data.numpy()[:] = np.frombuffer(b"".join(payloads), dtype=np.uint8)
-    return Packed(data, offsets)
+        data = torch.empty(0, dtype=torch.uint8)
+    return Packed(data, torch.from_numpy(offsets))
 
 
 def collate_samples(samples: Sequence[Mapping[str, Any]], position: dict[str, int]) -> Batch:
@@ -91,33 +97,42 @@ def collate_samples(samples: Sequence[Mapping[str, Any]], position: dict[str, in
     Raises:
         TypeError: a sample is not a dict (a ``transform`` must return one in batch mode).
     """
-    fields: dict[str, None] = {}
-    for sample in samples:
-        if not isinstance(sample, Mapping):
-            raise TypeError(
-                f"ShardDataset(batch_size=...) assembles batches from sample dicts, but got a "
-                f"{type(sample).__name__}: make `transform` return a dict (or leave batch_size "
-                "unset and batch in the DataLoader)"
-            )
-        fields.update(dict.fromkeys(sample))
-    batch = Batch({field: _collate_field([s.get(field) for s in samples]) for field in fields})
+    first = samples[0]
+    if not all(type(s) is dict for s in samples):  # the common case needs no ABC checks
+        for sample in samples:
+            if not isinstance(sample, Mapping):
+                raise TypeError(
+                    f"ShardDataset(batch_size=...) assembles batches from sample dicts, but got "
+                    f"a {type(sample).__name__}: make `transform` return a dict (or leave "
+                    "batch_size unset and batch in the DataLoader)"
+                )
+    try:  # the common case: every sample has the first one's fields, and no others
+        if any(len(s) != len(first) for s in samples):
+            raise KeyError
+        columns = {f: [s[f] for s in samples] for f in first}
+    except KeyError:  # some samples lack (or add) a field: it is None where missing
+        fields = dict.fromkeys(f for s in samples for f in s)
+        columns = {f: [s.get(f) for s in samples] for f in fields}
+    batch = Batch({field: _collate_field(field, values) for field, values in columns.items()})
     batch[POSITION] = position
     return batch
 
 
-def _collate_field(values: list[Any]) -> Any:
+def _collate_field(field: str, values: list[Any]) -> Any:
     first = values[0]
-    if isinstance(first, bytes) and all(type(v) is bytes for v in values):
-        return pack(values)
-    if isinstance(first, (bool, int, float)) and all(type(v) is type(first) for v in values):
-        return default_collate(values)  # type: ignore[no-untyped-call]
-    numeric = isinstance(first, torch.Tensor) or (
-        isinstance(first, np.ndarray) and first.dtype.kind in "biuf"
-    )
-    if numeric and all(
-        type(v) is type(first) and v.shape == first.shape and v.dtype == first.dtype for v in values
-    ):
-        return default_collate(values)  # type: ignore[no-untyped-call]
+    kind = type(first)
+    if all(type(v) is kind for v in values):
+        if kind is bytes:
+            return pack(values)
+        if field == KEY:  # one array object: DataLoader's default_convert and pickle pass it whole
+            return np.array(values)
+        if kind is bool:
+            return torch.from_numpy(np.array(values, dtype=np.bool_))
+        if kind in (int, float):
+            return default_collate(values)  # type: ignore[no-untyped-call]
+        numeric = kind is torch.Tensor or (kind is np.ndarray and first.dtype.kind in "biuf")
+        if numeric and all(v.shape == first.shape and v.dtype == first.dtype for v in values):
+            return default_collate(values)  # type: ignore[no-untyped-call]
     return list(values)
 
 

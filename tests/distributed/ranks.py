@@ -37,7 +37,7 @@ def epoch_batches(
             dist.all_reduce(one)
             assert int(one.item()) == dist.get_world_size()
         batches.append(
-            [[k, bool(p)] for k, p in zip(batch["__key__"], batch["__padded__"], strict=True)]
+            [[str(k), bool(p)] for k, p in zip(batch["__key__"], batch["__padded__"], strict=True)]
         )
         if step == state_at:
             state = ds.state_after(batch)

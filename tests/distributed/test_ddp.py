@@ -65,7 +65,7 @@ def test_ranks_get_equal_disjoint_shares(
         )
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
         assert [
-            [[k, bool(p)] for k, p in zip(b["__key__"], b["__padded__"], strict=True)]
+            [[str(k), bool(p)] for k, p in zip(b["__key__"], b["__padded__"], strict=True)]
             for b in loader
         ] == r["epoch0_b16"]
 

@@ -540,8 +540,8 @@ def test_read_time_reweighting_resumes_mid_epoch(plain: Path) -> None:
     batches = list(torch.utils.data.DataLoader(ds, batch_size=None))
     resumed = ShardDataset(str(plain), batch_size=5, **options)
     resumed.resume(ds.state_after(batches[3]))
-    rest = [b["__key__"] for b in torch.utils.data.DataLoader(resumed, batch_size=None)]
-    assert rest == [b["__key__"] for b in batches[4:]]
+    rest = [list(b["__key__"]) for b in torch.utils.data.DataLoader(resumed, batch_size=None)]
+    assert rest == [list(b["__key__"]) for b in batches[4:]]
     other = ShardDataset(str(plain), batch_size=5, **{**options, "class_weights": "balanced"})
     with pytest.raises(IncompatibleStateError, match="class_weights"):
         other.resume(ds.state_after(batches[3]))
