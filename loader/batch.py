@@ -6,9 +6,10 @@ entry per field, holding
 
 * ``Packed(data, offsets)`` when every sample's value is raw bytes (every
   member without ``decode``): one contiguous ``uint8`` tensor and ``int64``
-  offsets, sample ``i`` being ``data[offsets[i]:offsets[i + 1]]``. Made in
-  shared memory inside a worker, it reaches the main process as a file
-  descriptor, not as pickled bytes;
+  offsets, sample ``i`` being ``data[offsets[i]:offsets[i + 1]]``. A batch
+  crosses from a worker as one message: its large payload tensors (1 MiB or
+  more) as shared memory, everything else as a few contiguous buffers, never
+  as one pickled object per sample;
 * a tensor when every sample's value is a number, or an array/tensor of one
   common shape and dtype (``.cls`` and ``.npy`` after ``decode=True``,
   ``__padded__``, ``__weight__``), stacked along a new first dimension;
@@ -28,7 +29,7 @@ message saying so, through torch's documented ``default_collate_fn_map``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,19 +43,40 @@ KEY = "__key__"
 
 
 class Batch(dict):  # type: ignore[type-arg]
-    """One batch of a ShardDataset with a batch size: ``{field: Packed, tensor or list}``."""
+    """One batch of a ShardDataset with a batch size: ``{field: Packed, tensor or list}``.
 
-
-class Packed(NamedTuple):
-    """One field's payloads, back to back: sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
-
-    A named tuple of two tensors, so ``pin_memory``, ``.to(device)`` in
-    Lightning and accelerate, and torch's inter-process sharing all handle
-    it as they handle any tuple of tensors.
+    Pickled (from a DataLoader worker to the main process), small tensors travel
+    inside the one message and large ones as shared memory (see ``_portable``).
     """
 
-    data: torch.Tensor  # uint8
-    offsets: torch.Tensor  # int64, one more than the samples
+    def __copy__(self) -> Batch:
+        return Batch(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_batch, ({field: _portable(v) for field, v in self.items()},))
+
+
+SHARE_BYTES = 1 << 20  # a tensor this large crosses from a worker in shared memory
+
+
+class Packed:
+    """One field's payloads, back to back: sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
+
+    ``pin_memory()`` and ``.to(device, non_blocking=...)`` (what Lightning and
+    accelerate call to move a batch) return a new ``Packed``.
+    """
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor) -> None:
+        self.data = data  # uint8
+        self.offsets = offsets  # int64, one more than the samples
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __repr__(self) -> str:
+        return f"Packed({len(self)} payloads, {self.data.numel()} bytes)"
 
     def item(self, i: int) -> bytes:
         """The payload of sample ``i``."""
@@ -70,20 +92,63 @@ class Packed(NamedTuple):
         """Every payload as a 1-D uint8 view (no copy), e.g. for ``torchvision.io.decode_jpeg``."""
         return list(torch.split(self.data, torch.diff(self.offsets).tolist()))
 
+    def pin_memory(self, device: Any = None) -> Packed:
+        return Packed(self.data.pin_memory(), self.offsets.pin_memory())
+
+    def to(self, *args: Any, **kwargs: Any) -> Packed:
+        return Packed(self.data.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_packed, (_portable(self.data), _portable(self.offsets)))
+
+
+def _portable(value: Any) -> Any:
+    """How a value crosses from a worker: a small CPU tensor as a numpy array, in the pickle.
+
+    Torch hands every tensor over as a shared-memory file descriptor, which
+    costs a socket round trip (about 0.35 ms here) per tensor; a few KiB of
+    offsets or flags cross far faster inside the one pickled message.
+    """
+    small = (
+        isinstance(value, torch.Tensor)
+        and value.device.type == "cpu"
+        and not value.requires_grad
+        and value.numel() * value.element_size() < SHARE_BYTES
+    )
+    return _Small(value.numpy()) if small else value
+
+
+class _Small:
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+
+def _restored(value: Any) -> Any:
+    return torch.from_numpy(value.array) if isinstance(value, _Small) else value
+
+
+def _rebuild_packed(data: Any, offsets: Any) -> Packed:
+    return Packed(_restored(data), _restored(offsets))
+
+
+def _rebuild_batch(items: dict[str, Any]) -> Batch:
+    return Batch({field: _restored(value) for field, value in items.items()})
+
 
 def pack(payloads: Sequence[bytes]) -> Packed:
-    """Pack payloads into one uint8 tensor, in shared memory when called in a DataLoader worker."""
+    """Pack payloads into one uint8 tensor; a large one in shared memory inside a DataLoader worker."""
     count = len(payloads)
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, payloads), dtype=np.int64, count=count), out=offsets[1:])
     total = int(offsets[-1])
-    if torch.utils.data.get_worker_info() is not None:
+    if total >= SHARE_BYTES and torch.utils.data.get_worker_info() is not None:
         # As default_collate does: made in shared memory, it crosses to the main process as is.
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
-        if total:
-            data.numpy()[:] = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+        data.numpy()[:] = np.frombuffer(b"".join(payloads), dtype=np.uint8)
     elif total:
         data = torch.frombuffer(bytearray().join(payloads), dtype=torch.uint8)  # one copy
     else:

@@ -509,3 +509,46 @@ def test_transient_read_errors_are_retried(built: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(source_module.Source, "open", flaky)
     assert len(list(ShardDataset(str(built)))) == 103
     assert failures["left"] == 0
+
+
+def _flat_batches(loader: Any) -> list[tuple[str, bytes, bool]]:
+    return [
+        (str(key), data, bool(pad))
+        for b in loader
+        for key, data, pad in zip(b["__key__"], b["bin"].tolist(), b["__padded__"], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_batch_path_delivers_what_the_sample_path_does(built_zstd: Path, workers: int) -> None:
+    """Same samples and payload bytes; the same order with one worker slot (0 or 1 workers)."""
+    out = str(built_zstd)
+    batched = _flat_batches(batch_loader(ShardDataset(out, batch_size=16), workers))
+    samples = [
+        (s["__key__"], s["bin"], s["__padded__"])
+        for s in torch.utils.data.DataLoader(
+            ShardDataset(out), batch_size=None, num_workers=workers
+        )
+    ]
+    assert len(batched) == len(samples) == 1001
+    if workers <= 1:
+        assert batched == samples
+    else:  # the worker slots are cut at whole batches here, evenly there
+        assert sorted(batched) == sorted(samples)
+
+
+def test_large_batches_cross_in_shared_memory_small_ones_in_the_message(built_zstd: Path) -> None:
+    """A worker hands a payload tensor of 1 MiB or more over as shared memory; smaller tensors
+    (offsets, flags, small payloads) travel inside the pickled batch: one socket round trip per
+    shared tensor costs more than copying a few KiB."""
+    from loader.batch import SHARE_BYTES
+
+    for batch_size, shared in ((8, False), (1001, True)):
+        loader = batch_loader(ShardDataset(str(built_zstd), batch_size=batch_size), 1)
+        batch = next(iter(loader))
+        assert (batch["bin"].data.numel() >= SHARE_BYTES) is shared
+        assert batch["bin"].data.is_shared() is shared
+        assert not batch["bin"].offsets.is_shared() and not batch["__padded__"].is_shared()
+    fresh = batch_loader(ShardDataset(str(built_zstd), batch_size=1001), 1)
+    reference = _flat_batches(batch_loader(ShardDataset(str(built_zstd), batch_size=1001), 0))
+    assert _flat_batches(fresh) == reference
