@@ -148,7 +148,9 @@ def pack(payloads: Sequence[bytes]) -> Packed:
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
-        data.numpy()[:] = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+        view = memoryview(data.numpy())  # each payload copied once, straight into shared memory
+        for payload, start, stop in zip(payloads, offsets[:-1].tolist(), offsets[1:].tolist()):
+            view[start:stop] = payload
     elif total:
         data = torch.frombuffer(bytearray().join(payloads), dtype=torch.uint8)  # one copy
     else:
