@@ -148,9 +148,10 @@ def pack(payloads: Sequence[bytes]) -> Packed:
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
-        view = memoryview(data.numpy())  # each payload copied once, straight into shared memory
-        for payload, start, stop in zip(payloads, offsets[:-1].tolist(), offsets[1:].tolist()):
-            view[start:stop] = payload
+        view = data.numpy()  # each payload copied once, straight into shared memory
+        ends = offsets.tolist()
+        for payload, start, stop in zip(payloads, ends[:-1], ends[1:], strict=True):
+            view[start:stop] = np.frombuffer(payload, dtype=np.uint8)
     elif total:
         data = torch.frombuffer(bytearray().join(payloads), dtype=torch.uint8)  # one copy
     else:
