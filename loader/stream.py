@@ -54,6 +54,7 @@ class EpochStream:
             self._slot, self._yielded = rank_resume(point.batches, point.num_workers, world.worker)
         self._items: Iterator[Any] | None = None
         self._restored_at_end = False  # a torchdata state put this slot at its epoch's end
+        self._fingerprint = dataset.fingerprint(world.num_workers)  # state_dict() runs per batch
 
     @property
     def epoch(self) -> int:
@@ -103,7 +104,7 @@ class EpochStream:
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON-able dict (torchdata calls it on every batch)."""
         return {
-            **self._dataset.fingerprint(self._world.num_workers),
+            **self._fingerprint,
             "epoch": self._epoch,
             "slot": self._slot,
             "yielded": self._yielded,
@@ -115,8 +116,9 @@ class EpochStream:
         If ``set_epoch`` chose another epoch for this pass, it wins and the
         state is dropped (as ``set_epoch`` drops a pending ``resume()`` of
         another epoch): a trainer that names its epochs is never held in a
-        stale one. Lightning restores a state saved on an epoch's last batch
-        as unfinished, so without this the next epoch would yield nothing.
+        stale one. A state at this slot's end is reported to the other
+        workers, so that a complete epoch resumes into the next one
+        (``_start_next_epoch_if_complete``).
 
         Raises:
             IncompatibleStateError: the state is from another build, options,
@@ -124,7 +126,7 @@ class EpochStream:
         """
         if self._items is not None:
             raise RuntimeError("load_state_dict() must come before the stream's first item")
-        check_state(state, self._dataset.fingerprint(self._world.num_workers), _POSITION)
+        check_state(state, self._fingerprint, _POSITION)
         if self._explicit and state["epoch"] != self._epoch:
             return
         if state["slot"] >= self._world.num_workers:
