@@ -66,7 +66,7 @@ class SharedProgress:
     def set_epoch(self, epoch: int) -> None:
         """Every slot's next iteration streams ``epoch``; a pending resume of another epoch is dropped."""
         self._cell[:_RESUME] = epoch
-        self._cell[_EXPLICIT:] = 1
+        self._cell[_EXPLICIT : _EXPLICIT + _RESUME] = 1  # every slot, the main one too
         if int(self._cell[_RESUME]) != epoch:
             self._cell[_RESUME : _RESUME + 3] = -1
 

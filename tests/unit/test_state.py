@@ -91,3 +91,29 @@ def test_check_state_names_the_field() -> None:
         check_state(base, base, ("epoch",))
     with pytest.raises(IncompatibleStateError, match="not list"):
         check_state([], base, ())  # type: ignore[arg-type]
+
+
+def test_shared_progress_counts_epochs_per_slot_and_set_epoch_wins() -> None:
+    from loader.epochs import ResumePoint, SharedProgress
+
+    progress = SharedProgress()
+    assert [progress.claim(0), progress.claim(0), progress.claim(None)] == [
+        (0, False),
+        (1, False),
+        (0, False),
+    ]
+    progress.set_epoch(5)
+    assert progress.claim(1) == (5, True) and progress.claim(1) == (6, False)
+    assert progress.next_epoch() == 7
+    progress.set_resume(ResumePoint(2, 9, 3))
+    assert progress.resume_for(2) == ResumePoint(2, 9, 3) and progress.resume_for(3) is None
+    progress.set_epoch(4)  # another epoch: the pending resume is dropped
+    assert progress.resume_for(2) is None
+    # restore reports: every worker at its end of epoch 4 -> complete; one missing -> refused
+    for worker, slot in ((0, 1), (1, 0)):
+        progress.report_restored(worker, 4, slot, exhausted=True)
+    assert progress.restored_slots(4, 2) == [1, 0]
+    progress.report_restored(1, 4, 0, exhausted=False)
+    assert progress.restored_slots(4, 2) is None
+    with pytest.raises(RuntimeError, match="not every DataLoader worker"):
+        progress.restored_slots(4, 3)
