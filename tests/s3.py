@@ -1,0 +1,244 @@
+"""A real S3-compatible server on 127.0.0.1 for tests and benchmarks, and a TCP proxy that
+makes loopback behave like a remote region (latency, per-connection bandwidth) or a bad one
+(connections cut mid-body).
+
+``S3Server`` runs moto's server mode (``moto[server]``) as a child process in its own
+session; ``stop()`` SIGKILLs the whole session, and every wait has a deadline. ``Proxy`` runs
+an asyncio loop in a daemon thread; ``stop()`` closes its listener and every open connection.
+
+    with S3Server() as s3, Proxy(s3.port, latency=0.02, bandwidth=100e6) as proxy:
+        s3.create_bucket("data")
+        options = s3.storage_options(endpoint=proxy.endpoint)
+        fs = fsspec.filesystem("s3", **options)
+
+Any credentials work against moto; ``storage_options()`` gives fixed dummy ones and
+``environment()`` the same as the AWS variables boto reads, for child processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from types import TracebackType
+from typing import Any
+
+__all__ = ["Proxy", "S3Server", "free_port"]
+
+_KEY = "testing"
+_REGION = "us-east-1"
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """moto's S3 server in a child process on 127.0.0.1."""
+
+    def __init__(self, start_timeout: float = 30.0) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> S3Server:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self._start_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                err = (
+                    self._process.stderr.read().decode(errors="replace")
+                    if self._process.stderr
+                    else ""
+                )
+                raise RuntimeError(
+                    f"moto server exited with {self._process.returncode}: {err[-2000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)  # polling a child's readiness, bounded by the deadline
+        self.stop()
+        raise RuntimeError(
+            f"moto server did not answer on {self.endpoint} within {self._start_timeout} s"
+        )
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait(timeout=30)
+        if self._process.stderr:
+            self._process.stderr.close()
+        self._process = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def reset(self) -> None:
+        """Forget every bucket and object (moto's reset endpoint)."""
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def storage_options(self, endpoint: str | None = None) -> dict[str, Any]:
+        """fsspec/s3fs ``storage_options`` for this server (or a proxy in front of it)."""
+        return {
+            "key": _KEY,
+            "secret": _KEY,
+            "client_kwargs": {"endpoint_url": endpoint or self.endpoint, "region_name": _REGION},
+        }
+
+    def environment(self, endpoint: str | None = None) -> dict[str, str]:
+        """Environment variables that point boto-based clients at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": _KEY,
+            "AWS_SECRET_ACCESS_KEY": _KEY,
+            "AWS_DEFAULT_REGION": _REGION,
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+        }
+
+    def create_bucket(self, name: str) -> None:
+        import s3fs  # the tests' extra
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **self.storage_options())
+        fs.call_s3(
+            "create_bucket", Bucket=name
+        )  # mkdir would send a LocationConstraint moto refuses for us-east-1
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of ``upstream_port``.
+
+    ``latency`` seconds are added before every client→server chunk (one request, in
+    practice), server→client bytes are paced at ``bandwidth`` bytes/s per connection
+    (None: unpaced), and ``cut_next(n, after)`` closes the next ``n`` connections that carry
+    more than ``after`` bytes server→client right after those bytes (a body cut mid-transfer).
+    """
+
+    def __init__(
+        self, upstream_port: int, latency: float = 0.0, bandwidth: float | None = None
+    ) -> None:
+        self.upstream_port = upstream_port
+        self.latency = latency
+        self.bandwidth = bandwidth
+        self.port = 0
+        self.connections = 0
+        self.cuts = 0
+        self._cut_budget = 0
+        self._cut_after = 0
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="s3-proxy")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut_next(self, n: int, after: int) -> None:
+        with self._lock:
+            self._cut_budget = n
+            self._cut_after = after
+
+    def start(self) -> Proxy:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        self.port = future.result(timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> Proxy:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def _listen(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            client_w.close()
+            return
+        self._writers |= {client_w, server_w}
+        up = asyncio.ensure_future(self._upstream(client_r, server_w))
+        down = asyncio.ensure_future(self._downstream(server_r, client_w))
+        await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (up, down):
+            task.cancel()
+        for writer in (client_w, server_w):
+            writer.close()
+            self._writers.discard(writer)
+
+    async def _upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            writer.write(data)
+            await writer.drain()
+
+    async def _downstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sent = 0
+        while data := await reader.read(65536):
+            if sent + len(data) > self._cut_after and self._take_cut():
+                writer.write(data[: max(0, self._cut_after - sent)])
+                await writer.drain()
+                return  # the caller closes both sides: the body ends early
+            writer.write(data)
+            await writer.drain()
+            sent += len(data)
+            if self.bandwidth:
+                await asyncio.sleep(len(data) / self.bandwidth)
+
+    def _take_cut(self) -> bool:
+        with self._lock:
+            if self._cut_budget <= 0:
+                return False
+            self._cut_budget -= 1
+            self.cuts += 1
+            return True
