@@ -9,6 +9,7 @@ resolves its rank when an epoch starts (``loader.world``), never earlier.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from itertools import count, islice
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch.utils.data
 
+from loader.assemble import assemble_batches
 from loader.batch import POSITION, collate_samples
 from loader.decode import make_decoder
 from loader.epochs import ResumePoint, SharedProgress
@@ -33,7 +35,7 @@ from loader.partition import (
 )
 from loader.read import ShardReader
 from loader.reweight import Reweighting
-from loader.shuffle import ErrorPolicy, windowed_stream
+from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
 from loader.state import STATE_VERSION, check_state
 from loader.stream import EpochStream
@@ -241,18 +243,34 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
         )
         decoder = make_decoder(self.decode, self.allow_pickle)
+        policy = ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors)
+        # → windows read in turn, each emitted in a seeded order
+        windows = partial(
+            shuffled_windows,
+            pieces,
+            reader,
+            shuffle=self.shuffle,
+            rng_key=(self.seed, epoch, world.rank, world.worker),
+            skip=skip if batch is None else skip * batch,
+            max_samples=self.shuffle_buffer,
+            max_bytes=self.shuffle_buffer_bytes,
+            policy=policy,
+        )
+        positions = (
+            {
+                "epoch": epoch,
+                "batch": j * world.num_workers + world.worker,
+                "num_workers": world.num_workers,
+            }
+            for j in count(skip)
+        )
         try:
-            # → raw samples, read window by window and shuffled inside each window
-            samples = windowed_stream(
-                pieces,
-                reader,
-                shuffle=self.shuffle,
-                rng_key=(self.seed, epoch, world.rank, world.worker),
-                skip=skip if batch is None else skip * batch,
-                max_samples=self.shuffle_buffer,
-                max_bytes=self.shuffle_buffer_bytes,
-                policy=ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors),
-            )
+            if batch is not None and decoder is None and self.transform is None and not policy.skip:
+                # → whole batches gathered straight from the windows' buffers
+                yield from assemble_batches(windows(), batch, positions)  # type: ignore[arg-type]  # stand-ins only come with on_error="skip"
+                return
+            # → raw samples, one dict each
+            samples = sample_stream(windows(), policy)
             # → decoded and transformed samples
             if decoder is not None:
                 samples = map(decoder, samples)
@@ -262,14 +280,11 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 yield from samples
                 return
             # → whole batches: this slot's j-th is the rank's batch j * num_workers + slot
-            for j in count(skip):
+            for position in positions:
                 chunk = list(islice(samples, batch))
                 if not chunk:
                     return
-                number = j * world.num_workers + world.worker
-                yield collate_samples(
-                    chunk, {"epoch": epoch, "batch": number, "num_workers": world.num_workers}
-                )
+                yield collate_samples(chunk, position)
         finally:
             reader.close()
 

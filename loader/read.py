@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -37,11 +38,32 @@ from shardprep.integrity import (
 from shardprep.manifest import Manifest
 from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
 
-__all__ = ["Chunk", "ShardReader", "UncheckedChunk"]
+__all__ = ["Chunk", "ChunkTable", "ShardReader", "UncheckedChunk"]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
 INDEX_CACHE_BYTES = 32 << 20  # shard indexes kept per worker (about 100 bytes per sample)
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """A chunk's samples as arrays: yielded sample ``j`` owns members ``begin[j]:end[j]``.
+
+    Member ``m`` is ``data[offset[m]:offset[m] + size[m]]``, its extension
+    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``.
+    """
+
+    data: bytes
+    exts: tuple[str, ...]
+    keys: list[str]
+    begin: IntArray
+    end: IntArray
+    offset: IntArray
+    size: IntArray
+    ext: IntArray
+    checksum: npt.NDArray[np.uint64]
+    padded: bool
+    extra: dict[str, list[Any]]
 
 
 class Chunk:
@@ -133,6 +155,34 @@ class Chunk:
                 raise self._damaged(j, m, payload)
             out[exts[ext[m]]] = payload
         return out
+
+    def table(self) -> ChunkTable:
+        """The chunk's samples as arrays, for assembling whole batches (``loader.assemble``)."""
+        index, a = self._index, self._first
+        b = a + len(self._keys)
+        first = index.member_start[a]
+        starts = (index.member_start[a : b + 1] - first).astype(np.int64)
+        members = slice(int(first), int(index.member_start[b]))
+        keys = self._keys
+        if self._selection is not None:
+            chosen = np.asarray(self._selection, dtype=np.int64)
+            begin, end = starts[chosen], starts[chosen + 1]
+            keys = [keys[j] for j in self._selection]
+        else:
+            begin, end = starts[:-1], starts[1:]
+        return ChunkTable(
+            data=self._data,
+            exts=self._exts,
+            keys=keys,
+            begin=begin,
+            end=end,
+            offset=(index.member_offset[members] - np.uint64(self._base)).astype(np.int64),
+            size=index.member_size[members].astype(np.int64),
+            ext=index.member_ext[members].astype(np.int64),
+            checksum=index.member_hash[members],
+            padded=self.padded,
+            extra=self.extra,
+        )
 
     def _damaged(self, j: int, m: int, payload: bytes) -> CorruptShardError:
         return CorruptShardError.at(
@@ -228,7 +278,7 @@ class ShardReader:
             self._expanded[shard] = self._expand(shard, self.index(shard))
         return self._expanded[shard]
 
-    def sample_sizes(self, piece: SampleRange) -> list[int]:
+    def sample_sizes(self, piece: SampleRange) -> IntArray:
         """Bytes each sample of ``piece`` occupies in the tar (for byte-bounded buffers)."""
         offsets = self.index(piece.shard).sample_offset
         if self._expand is None:
@@ -236,8 +286,7 @@ class ShardReader:
         else:
             ids = self._expanded_ids(piece.shard)[0][piece.start : piece.stop]
             sizes = offsets[ids + 1] - offsets[ids]
-        result: list[int] = sizes.tolist()
-        return result
+        return sizes.astype(np.int64)
 
     def read(self, piece: SampleRange) -> Chunk:
         """The samples of ``piece`` (positions of the reweighted sequence when reweighting)."""

@@ -15,38 +15,51 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from loader.errors import CorruptShardError
 from loader.order import SampleRange
 from loader.read import Chunk, ShardReader
 from shardprep.rng import derive_rng
 
-__all__ = ["plan_windows", "windowed_stream"]
+__all__ = ["ErrorPolicy", "plan_windows", "sample_stream", "shuffled_windows"]
 
 log = logging.getLogger(__name__)
 
 
 def plan_windows(
     pieces: list[SampleRange],
-    sizes_of: Callable[[SampleRange], list[int]],
+    sizes_of: Callable[[SampleRange], npt.NDArray[np.int64]],
     max_samples: int,
     max_bytes: int,
 ) -> Iterator[list[SampleRange]]:
-    """Group ``pieces`` (in order) into windows; each window is a list of sub-ranges."""
+    """Group ``pieces`` (in order) into windows; each window is a list of sub-ranges.
+
+    A window closes before the sample that would take it past ``max_samples``
+    samples or ``max_bytes`` bytes; it always holds at least one sample.
+    """
     window: list[SampleRange] = []
     count = nbytes = 0
     for piece in pieces:
-        start = piece.start
-        for i, size in enumerate(sizes_of(piece)):
-            if count and (count >= max_samples or nbytes + size > max_bytes):
-                cut = piece.start + i
-                if cut > start:
-                    window.append(SampleRange(piece.shard, start, cut, piece.padded))
+        sizes = np.asarray(sizes_of(piece), dtype=np.int64)
+        i = 0
+        while i < len(sizes):
+            # how many of the next samples still fit: a cumulative sum, cut by both bounds
+            room = sizes[i : i + max(0, max_samples - count)]
+            fit = int(np.searchsorted(np.cumsum(room), max_bytes - nbytes, side="right"))
+            if fit == 0 and count == 0:
+                fit = 1  # a sample larger than max_bytes makes a window on its own
+            if fit:
+                window.append(
+                    SampleRange(piece.shard, piece.start + i, piece.start + i + fit, piece.padded)
+                )
+                count += fit
+                nbytes += int(room[:fit].sum())
+                i += fit
+            if i < len(sizes):  # the window is full
                 yield window
-                window, count, nbytes, start = [], 0, 0, cut
-            count += 1
-            nbytes += size
-        if piece.stop > start:
-            window.append(SampleRange(piece.shard, start, piece.stop, piece.padded))
+                window, count, nbytes = [], 0, 0
     if window:
         yield window
 
@@ -151,7 +164,7 @@ def _first_readable(chunk: Chunk) -> dict[str, Any] | None:
     return None
 
 
-def windowed_stream(
+def shuffled_windows(
     pieces: list[SampleRange],
     reader: ShardReader,
     *,
@@ -161,11 +174,13 @@ def windowed_stream(
     max_samples: int,
     max_bytes: int,
     policy: ErrorPolicy,
-) -> Iterator[dict[str, Any]]:
-    """The worker's samples in window-shuffled order, starting after the first ``skip``.
+) -> Iterator[tuple[list[Chunk | _Substitute], npt.NDArray[np.int64]]]:
+    """Each window read, with the positions of its samples to emit, in order, after ``skip``.
 
+    Position ``p`` of a window is sample ``p`` of its chunks taken in turn.
     ``rng_key`` is (seed, epoch, rank, worker); window ``k`` is permuted by
-    ``derive_rng(seed, "window", epoch, rank, worker, k)``.
+    ``derive_rng(seed, "window", epoch, rank, worker, k)``. Windows wholly
+    inside ``skip`` are not read.
     """
     windows = plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes)
     for number, window in enumerate(windows):
@@ -174,16 +189,28 @@ def windowed_stream(
             skip -= size  # resume: this window was consumed before; do not read it
             continue
         chunks = _read_window(window, reader, policy)
+        if shuffle:
+            order = derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size)
+        else:
+            order = np.arange(size, dtype=np.int64)
+        yield chunks, order[skip:]
+        skip = 0
+
+
+def sample_stream(
+    windows: Iterator[tuple[list[Chunk | _Substitute], npt.NDArray[np.int64]]],
+    policy: ErrorPolicy,
+) -> Iterator[dict[str, Any]]:
+    """The samples of ``windows`` (from :func:`shuffled_windows`), one dict each, in order.
+
+    A sample that fails its checksum raises, or under ``on_error="skip"`` is
+    replaced by a flagged repeat of a readable one.
+    """
+    for chunks, order in windows:
         owners = [c for c in chunks for _ in range(len(c))]
         positions = [j for c in chunks for j in range(len(c))]
-        if shuffle:
-            order = (
-                derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size).tolist()
-            )
-        else:
-            order = list(range(size))
         sample: dict[str, Any] | None = None
-        for p in order[skip:]:
+        for p in order.tolist():
             try:
                 sample = owners[p].sample(positions[p])
             except CorruptShardError as err:  # this sample fails its checksum
@@ -191,4 +218,3 @@ def windowed_stream(
                 policy.failed(err, 1, in_a_row=sample is not None and sample is policy.given)
                 sample = policy.given = policy.substitute()
             yield sample
-        skip = 0

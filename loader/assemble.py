@@ -1,0 +1,200 @@
+"""Assemble: whole batches cut straight from the read windows, per batch with NumPy.
+
+The batch path of ``ShardDataset(batch_size=B)`` without ``decode`` or a
+``transform``. The per-sample path hands out one dict of ``bytes`` per sample
+and ``collate_samples`` joins them; here a window's members are described by
+arrays once (``Window``), and each batch is one gather over them: the members
+of each field are checksummed and copied once, straight from the window's
+buffers into the batch tensor (in shared memory when it is large and this is
+a DataLoader worker), with no per-sample dict.
+
+The result is exactly the per-sample path's: same samples, order, fields and
+values (``tests/unit/test_assemble.py``). A batch it cannot describe as arrays
+(a sample missing a field or holding one twice, fields in another order, a
+member failing its checksum) is made by the per-sample path instead, which
+gives the same batch or raises the same ``CorruptShardError``, naming the sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.utils.data
+from torch.utils.data._utils.collate import default_collate
+
+from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples
+from loader.read import Chunk
+from shardprep.shardformat import payload_checksum
+
+__all__ = ["Window", "assemble_batches"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class Window:
+    """One read window's samples as arrays over window positions (chunk after chunk).
+
+    Member ``m`` lies in chunk ``chunk[m]``'s buffer at ``offset[m]``, ``size[m]``
+    bytes, with recorded checksum ``checksum[m]``; it belongs to field
+    ``names[field[m]]``. Window sample ``p`` owns members ``begin[p]:end[p]``.
+    """
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        tables = [c.table() for c in chunks]
+        self.chunks = chunks
+        lengths = [len(t.keys) for t in tables]
+        self._starts = np.cumsum([0, *lengths])
+        self.keys = np.array([k for t in tables for k in t.keys])
+        self.padded = np.repeat([t.padded for t in tables], lengths).astype(np.bool_)
+        self.extra = {f: [v for t in tables for v in t.extra[f]] for f in tables[0].extra}
+        base = np.cumsum([0] + [len(t.size) for t in tables])
+        self.begin = np.concatenate([t.begin + b for t, b in zip(tables, base, strict=False)])
+        self.end = np.concatenate([t.end + b for t, b in zip(tables, base, strict=False)])
+        self.size = np.concatenate([t.size for t in tables])
+        self.offset = np.concatenate([t.offset for t in tables])
+        self.checksum = np.concatenate([t.checksum for t in tables])
+        self.checks = all(c.checks for c in chunks)
+        self.chunk = np.repeat(np.arange(len(tables)), [len(t.size) for t in tables])
+        self.buffers = [memoryview(t.data) for t in tables]
+        ids: dict[str, int] = {}
+        fields = []
+        for t in tables:
+            local = np.array([ids.setdefault(e, len(ids)) for e in t.exts], dtype=np.int64)
+            fields.append(local[t.ext] if len(t.ext) else t.ext)
+        self.field = np.concatenate(fields)
+        self.names = list(ids)
+
+    def members(self, numbers: IntArray) -> list[memoryview]:
+        """The bytes of the given members, as views into the chunks' buffers (no copy).
+
+        Made per batch and dropped with it: a window's worth of live views
+        would keep the garbage collector busy (they are tracked objects).
+        """
+        buffers = self.buffers
+        return [
+            buffers[c][a : a + z]
+            for c, a, z in zip(
+                self.chunk[numbers].tolist(),
+                self.offset[numbers].tolist(),
+                self.size[numbers].tolist(),
+                strict=True,
+            )
+        ]
+
+    def sample(self, p: int) -> dict[str, Any]:
+        """Window sample ``p`` as the per-sample path hands it out (checksum checked)."""
+        c = int(np.searchsorted(self._starts, p, side="right")) - 1
+        return self.chunks[c].sample(p - int(self._starts[c]))
+
+
+class _Fields:
+    """A batch segment's members, one column per field; ``members`` None if irregular."""
+
+    def __init__(self, window: Window, positions: IntArray) -> None:
+        begin, end = window.begin[positions], window.end[positions]
+        counts = end - begin
+        width = int(counts[0]) if len(counts) else 0
+        self.members: IntArray | None = None
+        self.names: list[str] = []
+        if not len(counts) or (counts != width).any():
+            return
+        members = (begin[:, None] + np.arange(width)).reshape(len(positions), width)
+        fields = window.field[members]
+        first = fields[0]
+        if (fields != first).any() or len(set(first.tolist())) != width:
+            return  # fields differ between samples, or one sample holds a field twice
+        self.members = members
+        self.names = [window.names[f] for f in first.tolist()]
+
+
+def _gather(segments: list[tuple[Window, IntArray]], share: bool) -> Packed | None:
+    """One field's payloads (``segments``: window and member numbers) packed in one tensor.
+
+    None if a member fails its checksum.
+    """
+    sizes = np.concatenate([w.size[m] for w, m in segments])
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    views: list[memoryview] = []
+    for window, members in segments:
+        part = window.members(members)
+        if window.checks:
+            got = np.fromiter(map(payload_checksum, part), np.uint64, len(part))
+            if (got != window.checksum[members]).any():
+                return None
+        views += part
+    if share and total >= SHARE_BYTES:
+        # made in shared memory, it crosses to the main process as is (as default_collate does)
+        data = torch.empty(0, dtype=torch.uint8).new(
+            torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
+        )
+        out = memoryview(data.numpy())  # type: ignore[arg-type]
+        ends = offsets.tolist()
+        for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
+            out[start:stop] = view
+    elif total:
+        data = torch.frombuffer(bytearray().join(views), dtype=torch.uint8)
+    else:
+        data = torch.empty(0, dtype=torch.uint8)
+    return Packed(data, torch.from_numpy(offsets))
+
+
+def _assemble(segments: list[tuple[Window, IntArray]], position: dict[str, int]) -> Batch:
+    """The batch of the given window positions, exactly as the per-sample path makes it."""
+    layouts = [_Fields(w, p) for w, p in segments]
+    names = layouts[0].names
+    if all(f.members is not None and f.names == names for f in layouts):
+        batch = Batch()
+        batch[KEY] = _concat([w.keys[p] for w, p in segments])
+        batch["__padded__"] = torch.from_numpy(_concat([w.padded[p] for w, p in segments]))
+        for field in segments[0][0].extra:
+            values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
+            batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
+        share = torch.utils.data.get_worker_info() is not None
+        columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
+        for k, name in enumerate(names):
+            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], share)
+            if packed is None:
+                break  # a member fails its checksum
+            batch[name] = packed
+        else:
+            batch[POSITION] = position
+            return batch
+    # irregular fields, or a damaged member: the per-sample path, which names the damaged sample
+    samples = [w.sample(p) for w, ps in segments for p in ps.tolist()]
+    return collate_samples(samples, position)
+
+
+def _concat(arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def assemble_batches(
+    windows: Iterable[tuple[list[Chunk], IntArray]],
+    batch_size: int,
+    positions: Iterator[dict[str, int]],
+) -> Iterator[Batch]:
+    """Batches of ``batch_size`` window samples (the last may be short), in window order.
+
+    ``windows`` yields each window's chunks and the positions to emit, in
+    order (``loader.shuffle.shuffled_windows``); ``positions`` gives each
+    batch's ``__position__``.
+    """
+    pending: list[tuple[Window, IntArray]] = []
+    need = batch_size
+    for chunks, order in windows:
+        window = Window(chunks)
+        while len(order):
+            take, order = order[:need], order[need:]
+            pending.append((window, take))
+            need -= len(take)
+            if need == 0:
+                yield _assemble(pending, next(positions))
+                pending, need = [], batch_size
+    if pending:
+        yield _assemble(pending, next(positions))
