@@ -196,5 +196,6 @@ def assemble_batches(
             if need == 0:
                 yield _assemble(pending, next(positions))
                 pending, need = [], batch_size
+        del window, chunks  # before the next window is read (unless a batch still needs it)
     if pending:
         yield _assemble(pending, next(positions))

@@ -194,6 +194,7 @@ def shuffled_windows(
         else:
             order = np.arange(size, dtype=np.int64)
         yield chunks, order[skip:]
+        del chunks  # before the next window is read: one window in memory, not two
         skip = 0
 
 
