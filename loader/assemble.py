@@ -26,6 +26,7 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_collate
 
+from loader.arena import Arena
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples
 from loader.read import Chunk
 from shardprep.shardformat import payload_checksum
@@ -111,10 +112,12 @@ class _Fields:
         self.names = [window.names[f] for f in first.tolist()]
 
 
-def _gather(segments: list[tuple[Window, IntArray]], share: bool) -> Packed | None:
+def _gather(segments: list[tuple[Window, IntArray]], arena: Arena | None) -> Packed | None:
     """One field's payloads (``segments``: window and member numbers) packed in one tensor.
 
-    None if a member fails its checksum.
+    In a DataLoader worker (``arena`` given) a large one is written into the
+    worker's shared-memory ring, or else made in fresh shared memory. None if
+    a member fails its checksum.
     """
     sizes = np.concatenate([w.size[m] for w, m in segments])
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -128,13 +131,16 @@ def _gather(segments: list[tuple[Window, IntArray]], share: bool) -> Packed | No
             if (got != window.checksum[members]).any():
                 return None
         views += part
-    if share and total >= SHARE_BYTES:
-        # made in shared memory, it crosses to the main process as is (as default_collate does)
+    if arena is not None and total >= SHARE_BYTES:
+        ends = offsets.tolist()
+        placed = arena.place(views, ends)
+        if placed is not None:
+            return Packed(placed[0], torch.from_numpy(offsets), placed[1])
+        # the ring is full: made in shared memory, it crosses as is (as default_collate does)
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
         out = memoryview(data.numpy())  # type: ignore[arg-type]
-        ends = offsets.tolist()
         for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
             out[start:stop] = view
     elif total:
@@ -144,7 +150,9 @@ def _gather(segments: list[tuple[Window, IntArray]], share: bool) -> Packed | No
     return Packed(data, torch.from_numpy(offsets))
 
 
-def _assemble(segments: list[tuple[Window, IntArray]], position: dict[str, int]) -> Batch:
+def _assemble(
+    segments: list[tuple[Window, IntArray]], position: dict[str, int], arena: Arena | None
+) -> Batch:
     """The batch of the given window positions, exactly as the per-sample path makes it."""
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
@@ -155,10 +163,9 @@ def _assemble(segments: list[tuple[Window, IntArray]], position: dict[str, int])
         for field in segments[0][0].extra:
             values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
-        share = torch.utils.data.get_worker_info() is not None
         columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
         for k, name in enumerate(names):
-            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], share)
+            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], arena)
             if packed is None:
                 break  # a member fails its checksum
             batch[name] = packed
@@ -178,12 +185,14 @@ def assemble_batches(
     windows: Iterable[tuple[list[Chunk], IntArray]],
     batch_size: int,
     positions: Iterator[dict[str, int]],
+    arena: Arena | None = None,
 ) -> Iterator[Batch]:
     """Batches of ``batch_size`` window samples (the last may be short), in window order.
 
     ``windows`` yields each window's chunks and the positions to emit, in
     order (``loader.shuffle.shuffled_windows``); ``positions`` gives each
-    batch's ``__position__``.
+    batch's ``__position__``; ``arena``: the DataLoader worker's ring for
+    large payloads (None in the main process).
     """
     pending: list[tuple[Window, IntArray]] = []
     need = batch_size
@@ -194,8 +203,8 @@ def assemble_batches(
             pending.append((window, take))
             need -= len(take)
             if need == 0:
-                yield _assemble(pending, next(positions))
+                yield _assemble(pending, next(positions), arena)
                 pending, need = [], batch_size
         del window, chunks  # before the next window is read (unless a batch still needs it)
     if pending:
-        yield _assemble(pending, next(positions))
+        yield _assemble(pending, next(positions), arena)

@@ -66,11 +66,12 @@ class Packed:
     accelerate call to move a batch) return a new ``Packed``.
     """
 
-    __slots__ = ("data", "offsets")
+    __slots__ = ("_ticket", "data", "offsets")
 
-    def __init__(self, data: torch.Tensor, offsets: torch.Tensor) -> None:
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, ticket: Any = None) -> None:
         self.data = data  # uint8
         self.offsets = offsets  # int64, one more than the samples
+        self._ticket = ticket  # data's place in a worker's ring (``loader.arena``), if it is there
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -99,7 +100,8 @@ class Packed:
         return Packed(self.data.to(*args, **kwargs), self.offsets.to(*args, **kwargs))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_packed, (_portable(self.data), _portable(self.offsets)))
+        data = self._ticket if self._ticket is not None else _portable(self.data)
+        return (_rebuild_packed, (data, _portable(self.offsets)))
 
 
 def _portable(value: Any) -> Any:

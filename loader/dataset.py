@@ -8,6 +8,7 @@ resolves its rank when an epoch starts (``loader.world``), never earlier.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from itertools import count, islice
@@ -17,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import torch.utils.data
 
+from loader.arena import RINGS, Arena
 from loader.assemble import assemble_batches
 from loader.batch import POSITION, collate_samples
 from loader.decode import make_decoder
@@ -267,7 +269,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         try:
             if batch is not None and decoder is None and self.transform is None and not policy.skip:
                 # → whole batches gathered straight from the windows' buffers
-                yield from assemble_batches(windows(), batch, positions)  # type: ignore[arg-type]  # stand-ins only come with on_error="skip"
+                arena = self._arena() if RINGS and worker_info() is not None else None
+                yield from assemble_batches(windows(), batch, positions, arena)  # type: ignore[arg-type]  # stand-ins only come with on_error="skip"
                 return
             # → raw samples, one dict each
             samples = sample_stream(windows(), policy)
@@ -384,8 +387,16 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     # --- pickling (DataLoader workers) -------------------------------------------
 
+    def _arena(self) -> Arena:
+        """This worker process's shared-memory ring for batch payloads (made once, kept)."""
+        arena: Arena | None = self.__dict__.get("_worker_arena")
+        if arena is None or arena.owner != os.getpid():
+            arena = self._worker_arena = Arena()
+        return arena
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        state.pop("_worker_arena", None)  # a worker's own; never crosses processes
         # A spawned or forkserver worker has no process group: hand it the rank resolved here.
         import torch.distributed as dist
 

@@ -1,0 +1,89 @@
+"""Large batch payloads cross from DataLoader workers through each worker's shared-memory ring
+(``loader.arena``): the bytes that arrive are exactly the in-process batches', whether a batch
+went through the ring or (ring full) through fresh shared memory, over epochs in which the ring
+wraps many times, under fork and spawn; and the main process keeps no ring of an exited worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import shardprep
+from loader import ShardDataset, arena
+from tests.conftest import write_class_folders
+
+pytestmark = pytest.mark.skipif(not arena.RINGS, reason="rings are used on x86-64 only")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """240 samples of 20-60 KiB in 6 shards: batches of 32 are 1-2 MiB (over SHARE_BYTES)."""
+    base = tmp_path_factory.mktemp("big")
+    raw = write_class_folders(base / "raw", {"a": 120, "b": 80, "c": 40}, repeat=80)
+    shardprep.build(str(raw), str(base / "out"), shards=6, workers=1, progress=False)
+    return base / "out"
+
+
+def _epochs(ds: ShardDataset, loader: Any, epochs: int) -> tuple[list[list[Any]], int, int]:
+    """Per epoch, (key, payload) in arrival order; and how many payloads came by ring / shm."""
+    seen, ring, shared = [], 0, 0
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        got = []
+        for batch in loader:
+            packed = batch["bin"]
+            if packed.data.numel() >= (1 << 20):
+                shared += packed.data.is_shared()
+                ring += not packed.data.is_shared()
+            got += list(zip(batch["__key__"].tolist(), packed.tolist(), strict=True))
+        seen.append(got)
+    return seen, ring, shared
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_ring_and_fresh_shared_memory_deliver_the_in_process_bytes(
+    big: Path, context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = []
+    for epoch in range(3):
+        ds = ShardDataset(str(big), batch_size=32, seed=3)
+        ds.set_epoch(epoch)
+        reference.append(
+            [
+                (k, p)
+                for b in ds
+                for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
+            ]
+        )
+    # A ring of two first batches, and a consumer that lets the workers run ahead: the ring
+    # wraps every other batch and is often full, so both ways across are taken.
+    monkeypatch.setattr(arena, "MIN_BYTES", 0)
+    monkeypatch.setattr(arena, "BATCHES", 2)
+    ds = ShardDataset(str(big), batch_size=32, seed=3)
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=1,
+        persistent_workers=True,
+        prefetch_factor=6,
+        multiprocessing_context=context,
+    )
+    seen, ring, shared = _epochs(ds, loader, 3)
+    assert ring > 0
+    if context == "fork":  # a spawned worker imports arena afresh: the small ring is fork's only
+        assert shared > 0, (ring, shared)
+    assert seen == reference
+
+
+def test_rings_of_exited_workers_are_dropped(big: Path) -> None:
+    ds = ShardDataset(str(big), batch_size=32)
+    for epoch in range(3):  # no persistent workers: two new worker processes, two new rings each
+        ds.set_epoch(epoch)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        assert sum(len(b["__key__"]) for b in loader) == 240
+        del loader
+        assert len(arena._received) == 2  # this epoch's: the exited workers' rings are gone
+    assert len({ring.owner for ring in arena._received.values()}) == 2
