@@ -153,7 +153,10 @@ def _gather(segments: list[tuple[Window, IntArray]], arena: Arena | None) -> Pac
 def _assemble(
     segments: list[tuple[Window, IntArray]], position: dict[str, int], arena: Arena | None
 ) -> Batch:
-    """The batch of the given window positions, exactly as the per-sample path makes it."""
+    """The batch of the given window positions, exactly as the per-sample path makes it.
+
+    (One window's, in practice: a batch that spans windows is made from sample dicts.)
+    """
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
     if all(f.members is not None and f.names == names for f in layouts):
@@ -173,8 +176,7 @@ def _assemble(
             batch[POSITION] = position
             return batch
     # irregular fields, or a damaged member: the per-sample path, which names the damaged sample
-    samples = [w.sample(p) for w, ps in segments for p in ps.tolist()]
-    return collate_samples(samples, position)
+    return collate_samples(_samples(segments), position)
 
 
 def _concat(arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
@@ -194,7 +196,8 @@ def assemble_batches(
     batch's ``__position__``; ``arena``: the DataLoader worker's ring for
     large payloads (None in the main process).
     """
-    pending: list[tuple[Window, IntArray]] = []
+    pending: list[tuple[Window, IntArray]] = []  # this window's part of the next batch
+    carried: list[dict[str, Any]] = []  # earlier windows' part of it, as sample dicts
     need = batch_size
     for chunks, order in windows:
         window = Window(chunks)
@@ -203,8 +206,20 @@ def assemble_batches(
             pending.append((window, take))
             need -= len(take)
             if need == 0:
-                yield _assemble(pending, next(positions), arena)
-                pending, need = [], batch_size
-        del window, chunks  # before the next window is read (unless a batch still needs it)
-    if pending:
-        yield _assemble(pending, next(positions), arena)
+                if carried:
+                    yield collate_samples(carried + _samples(pending), next(positions))
+                else:
+                    yield _assemble(pending, next(positions), arena)
+                pending, carried, need = [], [], batch_size
+        # The next batch goes on in the next window: keep its samples (copies), not this
+        # window, so that one window is in memory while the next is read. (The per-sample
+        # path makes the same batch: tests/integration/test_assemble.py.)
+        carried += _samples(pending)
+        pending = []
+        del window, chunks
+    if carried:
+        yield collate_samples(carried, next(positions))
+
+
+def _samples(segments: list[tuple[Window, IntArray]]) -> list[dict[str, Any]]:
+    return [w.sample(p) for w, ps in segments for p in ps.tolist()]

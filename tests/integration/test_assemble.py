@@ -46,9 +46,10 @@ def _same(ds_kwargs: dict[str, Any], out: Path, epochs: int = 2) -> int:
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 64, 103])
-def test_plain_batches_equal_the_sample_path(built: Path, batch_size: int) -> None:
-    # windows of 5 samples: most batches span several windows and several chunks
-    kwargs = {"batch_size": batch_size, "shuffle_buffer": 5, "block_size": 4}
+@pytest.mark.parametrize("window", [5, 40, 8192])
+def test_plain_batches_equal_the_sample_path(built: Path, batch_size: int, window: int) -> None:
+    # blocks of 4: a window holds many chunks; windows of 5 samples: most batches span windows
+    kwargs = {"batch_size": batch_size, "shuffle_buffer": window, "block_size": 4}
     assert _same(kwargs, built) == 2 * -(-103 // batch_size)
 
 
