@@ -35,7 +35,7 @@ from loader.partition import (
     samples_per_rank,
     slot_counts,
 )
-from loader.read import ShardReader
+from loader.read import BufferPool, ShardReader
 from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
@@ -241,11 +241,20 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
         counts = self._slot_samples(world.world_size, world.num_workers)
         pieces = partition(order, self._total, world, self.uneven, counts)
-        reader = ShardReader(
-            self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
-        )
         decoder = make_decoder(self.decode, self.allow_pickle)
         policy = ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors)
+        # batches gathered straight from the windows (no per-sample dicts), read into reused buffers
+        gather = (
+            batch is not None and decoder is None and self.transform is None and not policy.skip
+        )
+        reader = ShardReader(
+            self.source,
+            self.manifest,
+            self.read.verify,
+            self._expander(epoch),
+            self.read.checksums,
+            BufferPool() if gather else None,
+        )
         # → windows read in turn, each emitted in a seeded order
         windows = partial(
             shuffled_windows,
@@ -267,7 +276,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             for j in count(skip)
         )
         try:
-            if batch is not None and decoder is None and self.transform is None and not policy.skip:
+            if gather:
                 # → whole batches gathered straight from the windows' buffers
                 arena = self._arena() if RINGS and worker_info() is not None else None
                 yield from assemble_batches(windows(), batch, positions, arena)  # type: ignore[arg-type]  # stand-ins only come with on_error="skip"

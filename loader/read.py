@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -38,7 +38,7 @@ from shardprep.integrity import (
 from shardprep.manifest import Manifest
 from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
 
-__all__ = ["Chunk", "ChunkTable", "ShardReader", "UncheckedChunk"]
+__all__ = ["BufferPool", "Chunk", "ChunkTable", "ShardReader", "UncheckedChunk"]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
@@ -53,7 +53,7 @@ class ChunkTable:
     ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``.
     """
 
-    data: bytes
+    data: bytes | memoryview
     exts: tuple[str, ...]
     keys: list[str]
     begin: IntArray
@@ -94,7 +94,7 @@ class Chunk:
 
     def __init__(
         self,
-        data: bytes,
+        data: bytes | memoryview,
         base: int,
         index: ShardIndex,
         piece: SampleRange,
@@ -147,10 +147,12 @@ class Chunk:
             self._hash,
             payload_checksum,
         )
-        check = self.checks
+        check, view = self.checks, type(data) is memoryview  # views of a reused read buffer
         for m in range(self._member_start[j], self._member_start[j + 1]):
             start = offset[m]
             payload = data[start : start + size[m]]
+            if view:
+                payload = payload.tobytes()  # type: ignore[union-attr]  # a sample outlives the buffer
             if check and checksum(payload) != digest[m]:
                 raise self._damaged(j, m, payload)
             out[exts[ext[m]]] = payload
@@ -184,7 +186,7 @@ class Chunk:
             extra=self.extra,
         )
 
-    def _damaged(self, j: int, m: int, payload: bytes) -> CorruptShardError:
+    def _damaged(self, j: int, m: int, payload: bytes | memoryview) -> CorruptShardError:
         return CorruptShardError.at(
             self._shard,
             self._keys[j],
@@ -203,6 +205,79 @@ class UncheckedChunk(Chunk):
     checks = False
 
 
+GRAIN = 1 << 20  # read buffers are whole MiB
+
+
+class BufferPool:
+    """Read buffers reused from window to window, instead of a fresh ``bytes`` per read.
+
+    A fresh multi-MiB allocation per read costs a page fault per 4 KiB and, as
+    glibc moves such sizes between the heap and ``mmap``, a resident size well
+    above what is in use. Here a window's reads are laid one after the other
+    into one buffer, which the next window reuses. A buffer is reused only once
+    nothing refers to it: while a view of it exists it cannot be resized, which
+    is how ``_free`` tells (never a guess). At most ``KEEP`` buffers are kept.
+    """
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._buffers: list[bytearray] = []
+        self._current: bytearray | None = None
+        self._used = 0
+
+    def start(self, size: int) -> None:
+        """A new window of about ``size`` bytes begins: lay its reads into a free buffer."""
+        free = [b for b in self._buffers if _free(b)]
+        fits = [b for b in free if len(b) >= size]
+        if fits:
+            self._current = min(fits, key=len)
+        else:
+            for buffer in free:  # too small for this window: let it go
+                self._buffers.remove(buffer)
+            # a little larger than asked: windows of one dataset differ by a few samples
+            self._current = bytearray(-(-size * 9 // 8 // GRAIN) * GRAIN)
+            self._buffers.append(self._current)
+            del self._buffers[: -self.KEEP]  # the oldest are in use: their views keep them
+        self._used = 0
+
+    def take(self, size: int) -> memoryview:
+        """A writable view of ``size`` bytes that nothing else refers to."""
+        if self._current is None or self._used + size > len(self._current):
+            self.start(size)  # more than the window's estimate: a buffer of its own
+        assert self._current is not None
+        view = memoryview(self._current)[self._used : self._used + size]
+        self._used += size
+        return view
+
+
+def _free(buffer: bytearray) -> bool:
+    """True if no view of ``buffer`` exists (resizing is refused while one does)."""
+    try:
+        buffer.append(0)
+    except BufferError:
+        return False
+    del buffer[-1]
+    return True
+
+
+_UNUSED = ("copy", "multiplicity", "source_end", "source_blob")  # checked, then not needed
+
+
+def _slim(index: ShardIndex) -> tuple[ShardIndex, int]:
+    """A copy of ``index`` without the arrays streaming never reads (a quarter of its bytes),
+    so that the cache does not keep the whole index file alive; and its size in bytes."""
+    empty = {name: getattr(index, name)[:0].copy() for name in _UNUSED}
+    arrays = {f.name: getattr(index, f.name) for f in fields(index)}
+    kept = {
+        name: value.copy()
+        for name, value in arrays.items()
+        if isinstance(value, np.ndarray) and name not in _UNUSED
+    }
+    slim = replace(index, **kept, **empty)
+    return slim, sum(a.nbytes for a in kept.values())
+
+
 class ShardReader:
     """Reads sample ranges of one output's shards; one per worker process, made lazily."""
 
@@ -213,10 +288,13 @@ class ShardReader:
         verify: bool = False,
         expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
         checksums: bool = True,
+        pool: BufferPool | None = None,
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
-        (everything else is still checked); for the rare job where that cost matters."""
+        (everything else is still checked); for the rare job where that cost matters.
+        ``pool``: read local plain shards into reused buffers (chunks then hold views)."""
         self._source = source
+        self._pool = pool if not source.remote else None
         self._chunk = Chunk if checksums else UncheckedChunk
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
@@ -262,8 +340,9 @@ class ShardReader:
         index = decode_index(data, where)
         names = self._manifest.class_names
         check_index(index, entry, self._zstd is not None, len(names) if names else 0, where)
-        self._indexes[shard] = (index, len(data))
-        self._index_bytes += len(data)
+        index, size = _slim(index)
+        self._indexes[shard] = (index, size)
+        self._index_bytes += size
         while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:
             self._index_bytes -= self._indexes.popitem(last=False)[1][1]
         return index
@@ -277,6 +356,11 @@ class ShardReader:
                 self._expanded.pop(next(iter(self._expanded)))
             self._expanded[shard] = self._expand(shard, self.index(shard))
         return self._expanded[shard]
+
+    def start_window(self, pieces: list[SampleRange]) -> None:
+        """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them."""
+        if self._pool is not None:
+            self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
 
     def sample_sizes(self, piece: SampleRange) -> IntArray:
         """Bytes each sample of ``piece`` occupies in the tar (for byte-bounded buffers)."""
@@ -320,7 +404,7 @@ class ShardReader:
         offsets = index.sample_offset
         begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
         if self._zstd is None:
-            data = self._pread(piece, index, begin, end - begin)
+            data = self._pread_into(piece, begin, end - begin, self._pool)
             if len(data) < end - begin:
                 first = int(np.searchsorted(offsets, begin + len(data), side="right")) - 1
                 raise self._corrupt(
@@ -370,16 +454,26 @@ class ShardReader:
 
     def _pread(self, piece: SampleRange, index: ShardIndex, offset: int, size: int) -> bytes:
         """``size`` bytes of the shard file from ``offset``; fewer only where the file ends."""
+        return bytes(self._pread_into(piece, offset, size, None))
+
+    def _pread_into(
+        self, piece: SampleRange, offset: int, size: int, pool: BufferPool | None
+    ) -> bytes | memoryview:
+        """As ``_pread``; with a ``pool``, a view of one of its buffers (read with ``readinto``)."""
         name = self._manifest.shards[piece.shard].file
 
-        def read() -> bytes:
+        def read() -> bytes | memoryview:
             if self._open_shard != piece.shard or self._file is None:
                 self.close()
                 entry = self._manifest.shards[piece.shard]
                 self._file, self._file_size = self._source.open_sized(name, entry.num_bytes)
                 self._open_shard = piece.shard
             self._file.seek(offset)
-            return self._file.read(max(0, min(size, self._file_size - offset)))
+            wanted = max(0, min(size, self._file_size - offset))
+            if pool is None:
+                return self._file.read(wanted)
+            buffer = pool.take(wanted)
+            return buffer[: self._file.readinto(buffer)]  # type: ignore[attr-defined]
 
         try:
             return self._source.call(read, name, on_failure=self.close)

@@ -134,6 +134,7 @@ def _read_window(
     window: list[SampleRange], reader: ShardReader, policy: ErrorPolicy
 ) -> list[Chunk | _Substitute]:
     chunks: list[Chunk | _Substitute | SampleRange] = []
+    reader.start_window(window)
     for piece in window:
         try:
             chunk = reader.read(piece)

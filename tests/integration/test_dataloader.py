@@ -547,7 +547,9 @@ def test_large_batches_cross_in_shared_memory_small_ones_in_the_message(built_zs
 
     for batch_size, shared in ((8, False), (1001, True)):
         arena._received.clear()
-        loader = batch_loader(ShardDataset(str(built_zstd), batch_size=batch_size), 1)
+        # one window holds the epoch (17 MiB): a batch spanning windows is made from samples
+        ds = ShardDataset(str(built_zstd), batch_size=batch_size, shuffle_buffer_bytes=32 << 20)
+        loader = batch_loader(ds, 1)
         batch = next(iter(loader))
         assert (batch["bin"].data.numel() >= SHARE_BYTES) is shared
         if arena.RINGS:  # through the worker's ring, which the first such batch brought along
