@@ -8,42 +8,27 @@ resolves its rank when an epoch starts (``loader.world``), never earlier.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from itertools import count, islice
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import torch.utils.data
 
 from loader.batch import POSITION, collate_samples
-from loader.decode import make_decoder
+from loader.core import ShardStream
+from loader.elastic import Pass
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.guards import check_not_resplit
 from loader.options import ReadOptions
-from loader.order import epoch_order
-from loader.partition import (
-    Uneven,
-    batch_slot_counts,
-    batches_per_rank,
-    partition,
-    samples_per_rank,
-    slot_counts,
-)
-from loader.read import ShardReader
-from loader.reweight import Reweighting
-from loader.shuffle import ErrorPolicy, windowed_stream
-from loader.source import Source
-from loader.state import STATE_VERSION, check_state
+from loader.partition import batches_per_rank
+from loader.state import check_state
 from loader.stream import EpochStream
 from loader.world import World, resolve_rank, worker_info
-from shardprep.shardformat import ShardIndex
 
 __all__ = ["ShardDataset"]
 
 
-class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class ShardDataset(ShardStream, torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     """Stream the samples of a shardprep output to one DDP rank and its DataLoader workers.
 
     With ``batch_size=B`` the dataset yields whole batches (``loader.batch.Batch``
@@ -93,6 +78,8 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             carries ``"__weight__"`` (target share / actual share of its class).
     """
 
+    collate = staticmethod(collate_samples)  # batches of torch tensors (loader.batch)
+
     def __init__(
         self,
         path: str,
@@ -114,43 +101,30 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         class_weights: str | None = None,
         resample: bool = True,
     ) -> None:
-        super().__init__()
-        if seed < 0:
-            raise ValueError(f"seed must be non-negative, not {seed}")
-        if min(shuffle_buffer, shuffle_buffer_bytes, block_size) < 1:
-            raise ValueError("shuffle_buffer, shuffle_buffer_bytes and block_size must be positive")
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
-        if drop_last and batch_size is None:
-            raise ValueError("drop_last needs a batch_size")
-        self.read = read or ReadOptions()
-        self.source = Source(path, self.read.remote)
-        self.manifest = self.source.manifest()
-        self.batch_size, self.drop_last = batch_size, drop_last
-        self.seed, self.shuffle, self.uneven = seed, shuffle, Uneven(uneven)
+        ShardStream.__init__(
+            self,
+            path,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            seed=seed,
+            shuffle=shuffle,
+            uneven=uneven,
+            decode=decode,
+            transform=transform,
+            shuffle_buffer=shuffle_buffer,
+            shuffle_buffer_bytes=shuffle_buffer_bytes,
+            block_size=block_size,
+            allow_pickle=allow_pickle,
+            read=read,
+            class_weights=class_weights,
+            resample=resample,
+        )
         if rank is not None or world_size is not None:
             resolve_rank(rank, world_size)  # validates an explicit pair now
         self._rank_override = (rank, world_size)
         self._inherited_rank: tuple[int, int] | None = None
-        self.decode, self.transform, self.allow_pickle = decode, transform, allow_pickle
-        self.shuffle_buffer, self.shuffle_buffer_bytes = shuffle_buffer, shuffle_buffer_bytes
-        self.block_size = block_size
-        self.class_weights, self.resample = class_weights, resample
-        self._sizes = [s.num_samples for s in self.manifest.shards]
-        self._reweighting: Reweighting | None = None
-        if class_weights is not None:
-            if self.manifest.class_names is None:
-                raise ValueError("class_weights needs a labelled dataset; this one has no classes")
-            self._reweighting = Reweighting(
-                class_weights,
-                self.manifest.class_names,
-                [s.class_counts for s in self.manifest.shards],
-            )
-            if resample:
-                self._sizes = self._reweighting.shard_sizes()
-        self._total = sum(self._sizes)
         if rank is not None and world_size is not None:
-            samples_per_rank(self._total, world_size, self.uneven)  # fails early if impossible
+            self.samples_per_rank(world_size)  # fails early if impossible
         self.progress = SharedProgress()
 
     # --- world, epoch and length ----------------------------------------------------
@@ -185,7 +159,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     @property
     def num_samples(self) -> int:
         """Samples every rank receives per epoch (before a ``drop_last`` of its last batch)."""
-        return samples_per_rank(self._total, self.world_size, self.uneven)
+        return self.samples_per_rank(self.world_size)
 
     def __len__(self) -> int:
         """Batches every rank yields per epoch (needs ``batch_size``).
@@ -215,107 +189,11 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         world = World(rank, world_size, worker, num_workers)
         return EpochStream(self, epoch, world, counter, explicit)
 
-    def _slot_samples(self, world_size: int, num_workers: int) -> list[int]:
-        """Samples of each worker slot per epoch: whole batches per slot with a batch size."""
-        per_rank = samples_per_rank(self._total, world_size, self.uneven)
-        if self.batch_size is None:
-            return slot_counts(per_rank, num_workers)
-        return batch_slot_counts(per_rank, num_workers, self.batch_size, self.drop_last)
-
-    def items_per_slot(self, world_size: int, num_workers: int) -> list[int]:
-        """Items (batches, or samples without a batch size) each worker slot yields per epoch."""
-        counts = self._slot_samples(world_size, num_workers)
-        if self.batch_size is None:
-            return counts
-        return [-(-count // self.batch_size) for count in counts]
-
-    def items(self, epoch: int, world: World, skip: int) -> Iterator[Any]:
-        """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones."""
-        batch = self.batch_size
-        # → the epoch's block order, identical on every rank and worker
-        order = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
-        # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
-        counts = self._slot_samples(world.world_size, world.num_workers)
-        pieces = partition(order, self._total, world, self.uneven, counts)
-        reader = ShardReader(
-            self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
-        )
-        decoder = make_decoder(self.decode, self.allow_pickle)
-        try:
-            # → raw samples, read window by window and shuffled inside each window
-            samples = windowed_stream(
-                pieces,
-                reader,
-                shuffle=self.shuffle,
-                rng_key=(self.seed, epoch, world.rank, world.worker),
-                skip=skip if batch is None else skip * batch,
-                max_samples=self.shuffle_buffer,
-                max_bytes=self.shuffle_buffer_bytes,
-                policy=ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors),
-            )
-            # → decoded and transformed samples
-            if decoder is not None:
-                samples = map(decoder, samples)
-            if self.transform is not None:
-                samples = map(self.transform, samples)
-            if batch is None:
-                yield from samples
-                return
-            # → whole batches: this slot's j-th is the rank's batch j * num_workers + slot
-            for j in count(skip):
-                chunk = list(islice(samples, batch))
-                if not chunk:
-                    return
-                number = j * world.num_workers + world.worker
-                yield collate_samples(
-                    chunk, {"epoch": epoch, "batch": number, "num_workers": world.num_workers}
-                )
-        finally:
-            reader.close()
-
-    def _expander(
-        self, epoch: int
-    ) -> Callable[[int, ShardIndex], tuple[npt.NDArray[np.int64], list[float] | None]] | None:
-        """How a shard's samples are repeated, dropped or weighted this epoch (class_weights)."""
-        reweighting = self._reweighting
-        if reweighting is None:
-            return None
-        if not self.resample:
-
-            def weigh(
-                shard: int, index: ShardIndex
-            ) -> tuple[npt.NDArray[np.int64], list[float] | None]:
-                weights = reweighting.class_weight[np.maximum(index.label, 0)].tolist()
-                return np.arange(index.num_samples, dtype=np.int64), weights
-
-            return weigh
-
-        def draw(shard: int, index: ShardIndex) -> tuple[npt.NDArray[np.int64], list[float] | None]:
-            return reweighting.sample_ids(index.label, shard, self.seed, epoch), None
-
-        return draw
-
     # --- resume -------------------------------------------------------------------
 
     def fingerprint(self, num_workers: int) -> dict[str, Any]:
         """The options a resume state must share with this run (they fix the order)."""
-        return {
-            "version": STATE_VERSION,
-            "manifest": self.manifest.fingerprint,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "uneven": self.uneven.value,
-            "block_size": self.block_size,
-            "shuffle_buffer": self.shuffle_buffer,
-            "shuffle_buffer_bytes": self.shuffle_buffer_bytes,
-            "class_weights": None
-            if self.class_weights is None
-            else f"{self.class_weights} resample={self.resample}",
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "world_size": self.world_size,
-            "num_workers": num_workers,
-        }
+        return self.options_fingerprint(self.world_size, num_workers)
 
     def state_after(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The resume state once ``batch`` (one this dataset yielded) has been trained on.
@@ -323,8 +201,15 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         For a plain ``torch.utils.data.DataLoader``: the position is read off
         the batch itself, so it is right whatever the caller counted. Save
         the small JSON-able dict with the checkpoint (it is the same on every
-        rank) and pass it to :meth:`resume`. With torchdata's
-        ``StatefulDataLoader`` use its ``state_dict()`` instead.
+        rank) and pass it to :meth:`resume`, at the same or another world size
+        and ``num_workers`` (elastic resume). With torchdata's
+        ``StatefulDataLoader`` use its ``state_dict()`` instead (same world only).
+
+        The state holds the options that fix the order (including the world
+        size and ``num_workers`` it was saved at), ``epoch``, ``batches`` (the
+        batches every rank had consumed in the current pass) and ``history``
+        (the earlier passes of this epoch, ``[world_size, num_workers,
+        batches]`` each, after elastic resumes; usually empty).
 
         Raises:
             TypeError: ``batch`` did not come from a ShardDataset with a batch size.
@@ -340,6 +225,7 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             **self.fingerprint(int(position["num_workers"])),
             "epoch": int(position["epoch"]),
             "batches": int(position["batch"]) + 1,
+            "history": [[int(v) for v in p] for p in position.get("history", ())],
         }
 
     def resume(self, state: Mapping[str, Any]) -> None:
@@ -349,22 +235,41 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         too). The epochs after it follow as usual. A state saved on an epoch's
         last batch makes the next pass the following epoch.
 
+        The world may differ from the one the state was saved at (another
+        world size, another ``num_workers``): the samples of the epoch not yet
+        consumed are then re-split over the new world (``loader.elastic``), and
+        the next epochs are the new world's normal ones. Every rank must call
+        ``resume`` with the same state (``state_after`` gives the same on all).
+
         Raises:
             IncompatibleStateError: the state is from another build, seed,
-                option set, batch size or world size; or it is past the epoch's end.
+                option set or batch size; or it is past the pass's end.
         """
-        if not isinstance(state, Mapping) or "num_workers" not in state:
+        if not isinstance(state, Mapping) or not isinstance(state.get("num_workers"), int):
             raise IncompatibleStateError("cannot resume: not a state from ShardDataset.state_after")
-        check_state(state, self.fingerprint(state["num_workers"]), ("epoch", "batches"))
-        if self.batch_size is None or state["batches"] > len(self):
-            raise IncompatibleStateError.field_differs(
-                "batches", state["batches"], f"at most {len(self) if self.batch_size else 0}"
-            )
-        if state["batches"] == len(self):
-            self.set_epoch(int(state["epoch"]) + 1)
+        saved_world = state.get("world_size")
+        if not isinstance(saved_world, int) or saved_world < 1 or state["num_workers"] < 1:
+            raise IncompatibleStateError.field_differs("world_size", saved_world, "a positive int")
+        check_state(
+            state,
+            self.options_fingerprint(saved_world, state["num_workers"]),
+            ("epoch", "batches"),
+        )
+        history = _history(state.get("history", []))
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if self.batch_size is None:
+            raise IncompatibleStateError.field_differs("batch_size", None, state["batch_size"])
+        length = sum(self.items_per_slot(saved_world, state["num_workers"], history, epoch))
+        if batches > length:
+            raise IncompatibleStateError.field_differs("batches", batches, f"at most {length}")
+        if batches == length:  # the pass, hence the epoch, was complete
+            self.set_epoch(epoch + 1)
+            return
+        if batches == 0 and not history:  # nothing consumed: the new world's normal epoch
+            self.set_epoch(epoch)
             return
         self.progress.set_resume(
-            ResumePoint(int(state["epoch"]), int(state["batches"]), int(state["num_workers"]))
+            ResumePoint(epoch, batches, int(state["num_workers"]), saved_world, history)
         )
 
     # --- pickling (DataLoader workers) -------------------------------------------
@@ -377,3 +282,20 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         if dist.is_available() and dist.is_initialized():
             state["_inherited_rank"] = (dist.get_rank(), dist.get_world_size())
         return state
+
+
+def _history(value: Any) -> tuple[Pass, ...]:
+    """The ``history`` of a state as passes, checked."""
+    if not isinstance(value, Sequence) or not all(
+        isinstance(p, Sequence)
+        and len(p) == 3
+        and all(isinstance(v, int) for v in p)
+        and p[0] >= 1
+        and p[1] >= 1
+        and p[2] >= 0
+        for p in value
+    ):
+        raise IncompatibleStateError.field_differs(
+            "history", value, "a list of [world_size, num_workers, batches]"
+        )
+    return tuple(Pass(*p) for p in value)

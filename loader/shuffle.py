@@ -20,7 +20,7 @@ from loader.order import SampleRange
 from loader.read import Chunk, ShardReader
 from shardprep.rng import derive_rng
 
-__all__ = ["plan_windows", "windowed_stream"]
+__all__ = ["plan_windows", "window_order", "windowed_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,20 @@ def plan_windows(
             window.append(SampleRange(piece.shard, start, piece.stop, piece.padded))
     if window:
         yield window
+
+
+def window_order(rng_key: tuple[int, ...], number: int, size: int, shuffle: bool) -> list[int]:
+    """The order window ``number`` (of ``size`` samples) is emitted in; keyed by ``rng_key``.
+
+    ``rng_key`` is (seed, epoch, rank, worker[, pass]); the window is permuted by
+    ``derive_rng(seed, "window", epoch, rank, worker[, pass], number)``.
+    """
+    if not shuffle:
+        return list(range(size))
+    order: list[int] = (
+        derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size).tolist()
+    )
+    return order
 
 
 class _Substitute:
@@ -164,8 +178,8 @@ def windowed_stream(
 ) -> Iterator[dict[str, Any]]:
     """The worker's samples in window-shuffled order, starting after the first ``skip``.
 
-    ``rng_key`` is (seed, epoch, rank, worker); window ``k`` is permuted by
-    ``derive_rng(seed, "window", epoch, rank, worker, k)``.
+    ``rng_key`` is (seed, epoch, rank, worker[, pass]); window ``k`` is emitted in
+    ``window_order(rng_key, k, ...)``.
     """
     windows = plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes)
     for number, window in enumerate(windows):
@@ -176,12 +190,7 @@ def windowed_stream(
         chunks = _read_window(window, reader, policy)
         owners = [c for c in chunks for _ in range(len(c))]
         positions = [j for c in chunks for j in range(len(c))]
-        if shuffle:
-            order = (
-                derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size).tolist()
-            )
-        else:
-            order = list(range(size))
+        order = window_order(rng_key, number, size, shuffle)
         sample: dict[str, Any] | None = None
         for p in order[skip:]:
             try:

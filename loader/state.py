@@ -31,8 +31,11 @@ STATE_VERSION = 2
 
 _HINTS = {
     "manifest": "the state was saved for another build of the data",
-    "world_size": "resume with the same number of ranks (elastic re-splitting is not supported)",
-    "num_workers": "create the DataLoader with the same num_workers as when the state was saved",
+    "world_size": "a torchdata state resumes at the same number of ranks only; for another world "
+    "size save ShardDataset.state_after(batch) and call ShardDataset.resume(state) (elastic "
+    "resume, with a batch_size)",
+    "num_workers": "a torchdata state resumes with the same num_workers only; for another number "
+    "save ShardDataset.state_after(batch) and call ShardDataset.resume(state) (elastic resume)",
     "batch_size": "create the ShardDataset with the same batch_size as when the state was saved",
 }
 
