@@ -15,7 +15,10 @@ Two positions exist, one per way of resuming:
 
 Both carry the options that fix the order (manifest fingerprint, seed,
 shuffle, window, batch size, world size, ...); loading a state made under
-other options raises ``IncompatibleStateError`` naming the field.
+other options raises ``IncompatibleStateError`` naming the field. A rank's
+position may resume at another world size or ``num_workers`` (elastic
+resume, ``loader.elastic``); it then also carries the epoch's earlier passes
+(``history``).
 """
 
 from __future__ import annotations
