@@ -19,7 +19,7 @@ from loader.state import check_state, rank_resume
 from loader.world import World
 
 if TYPE_CHECKING:
-    from loader.dataset import ShardDataset
+    from loader.torchlayer import TorchLayer
 
 __all__ = ["EpochStream"]
 
@@ -31,7 +31,7 @@ class EpochStream:
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: TorchLayer,
         epoch: int,
         world: World,
         counter: int | None,

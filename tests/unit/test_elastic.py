@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import product
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
@@ -84,6 +84,7 @@ class _Setup:
         )
 
 
+@settings(max_examples=20)  # each example checks all 144 world pairs
 @given(
     shard_sizes=st.lists(st.integers(0, 40), min_size=1, max_size=5),
     batch_size=st.integers(1, 9),
