@@ -26,11 +26,14 @@ from loader.world import World
 
 if TYPE_CHECKING:
     from loader.dataset import ShardDataset
+    from loader.mixdataset import GroupedDataset, MixedDataset
 
 __all__ = [
     "CorruptShardError",
+    "GroupedDataset",
     "IncompatibleStateError",
     "LoaderError",
+    "MixedDataset",
     "ReadOptions",
     "RemoteOptions",
     "ShardDataset",
@@ -41,9 +44,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``loader.ShardDataset`` imports torch (through ``loader.dataset``) when first asked for."""
+    """The torch datasets import torch when first asked for (``loader.ShardDataset``, ...)."""
     if name == "ShardDataset":
         from loader.dataset import ShardDataset
 
         return ShardDataset
+    if name in ("MixedDataset", "GroupedDataset"):
+        from loader import mixdataset
+
+        return getattr(mixdataset, name)
     raise AttributeError(f"module 'loader' has no attribute {name!r}")
