@@ -153,7 +153,7 @@ class ShardStream:
         indexes (they are read).
         """
         if history:
-            reader = self._reader(epoch)
+            reader = self.reader(epoch)
             try:
                 size = sum(len(r) for r in self._sequence(epoch, history, reader))
             finally:
@@ -208,7 +208,7 @@ class ShardStream:
         the rest those passes left, re-split over ``world``.
         """
         batch = self.batch_size
-        reader = self._reader(epoch)
+        reader = self.reader(epoch)
         try:
             # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
             pieces = self._pieces(epoch, world, reader, history)
@@ -260,12 +260,15 @@ class ShardStream:
         begin = world.rank * per_rank + sum(counts[: world.worker])
         return slice_order(sequence, size, begin, begin + counts[world.worker])
 
+    def order(self, epoch: int) -> list[SampleRange]:
+        """The epoch's block order over all samples, identical on every rank and worker."""
+        return epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
+
     def _sequence(
         self, epoch: int, history: Sequence[Pass], reader: ShardReader
     ) -> list[SampleRange]:
         """The sequence a pass splits: the epoch order, or what the ``history`` passes left."""
-        # → the epoch's block order, identical on every rank and worker
-        sequence = epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
+        sequence = self.order(epoch)  # → the epoch's block order
         for number, done in enumerate(history):  # → the rest of each earlier pass, in turn
             if self.batch_size is None:
                 raise ValueError("an elastic resume needs a batch_size (passes count batches)")
@@ -285,7 +288,8 @@ class ShardStream:
             )
         return sequence
 
-    def _reader(self, epoch: int) -> ShardReader:
+    def reader(self, epoch: int) -> ShardReader:
+        """A reader of this output with ``epoch``'s class-weight draw (close it after use)."""
         return ShardReader(
             self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
         )

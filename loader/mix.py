@@ -55,7 +55,7 @@ from loader.decode import make_decoder
 from loader.elastic import Pass
 from loader.errors import IncompatibleStateError
 from loader.npbatch import collate_numpy
-from loader.order import SampleRange, epoch_order
+from loader.order import SampleRange
 from loader.partition import slice_order
 from loader.read import ShardReader
 from loader.state import STATE_VERSION
@@ -298,9 +298,7 @@ class MixedStream:
         for lap, first, last in lap_ranges(source.total, world.world_size * count, epoch):
             lo, hi = max(first, begin - position + first), min(last, stop - position + first)
             if lo < hi:
-                order = epoch_order(
-                    source._sizes, source.seed, lap, source.shuffle, source.block_size
-                )
+                order = source.order(lap)
                 pieces += [(lap, p) for p in slice_order(order, source.total, lo, hi)]
             position += last - first
             if position >= stop:
@@ -368,7 +366,7 @@ class _LapReader:
         reweighted = self._source.class_weights is not None
         if self._reader is None or (reweighted and lap != self._lap):
             self.close()
-            self._reader, self._lap = self._source._reader(lap), lap
+            self._reader, self._lap = self._source.reader(lap), lap
         return self._reader.read(piece)
 
     def close(self) -> None:
