@@ -69,3 +69,26 @@ def test_groups_need_every_rank_once(built: Path) -> None:
     # 40 steps x 4 = 160 samples per rank: the 2-rank group repeats (320 > 103)
     keys = [k for b in grouped.iterate(0, rank=2) for k in b["__key__"].tolist()]
     assert len(keys) == 160 and max(Counter(keys).values()) <= 4
+
+
+def test_mixture_resumes_through_torchdata(built: Path, built_zstd: Path) -> None:
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make() -> MixedDataset:
+        return MixedDataset([str(built), str(built_zstd)], [1, 2], batch_size=16,
+                            batching="per_source", rank=1, world_size=2)  # fmt: skip
+
+    def keys(loader: StatefulDataLoader) -> list[list[str]]:  # type: ignore[type-arg]
+        return [list(b["__key__"]) for b in loader]
+
+    whole = keys(StatefulDataLoader(make(), batch_size=None, num_workers=2))
+    assert len(whole) == len(make())
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    iterator, done = iter(first), []
+    for _ in range(5):
+        done.append(list(next(iterator)["__key__"]))
+    state = first.state_dict()
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    second.load_state_dict(state)
+    assert done + keys(second) == whole
