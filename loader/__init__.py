@@ -1,13 +1,18 @@
-"""loader: stream shardprep shards into (distributed) PyTorch training.
+"""loader: stream shardprep shards into (distributed) training.
 
-``from loader import ShardDataset`` is the entry point; the stages are the
-modules ``order`` → ``partition`` → ``read`` → ``shuffle`` → ``decode``,
-composed in ``dataset``. This package imports torch; ``shardprep`` does not.
+``from loader import ShardDataset`` is the torch entry point; the stages are
+the modules ``order`` → ``partition`` → ``read`` → ``shuffle`` → ``decode``,
+composed in ``core.ShardStream``, which ``dataset.ShardDataset`` wraps as a
+torch ``IterableDataset``. Importing the package (and ``loader.core``) does
+not import torch: ``ShardDataset`` is imported on first access, and
+``loader.core.ShardStream`` serves JAX, TensorFlow and NumPy users without
+torch installed. ``shardprep`` does not import the loader.
 """
 
 from __future__ import annotations
 
-from loader.dataset import ShardDataset
+from typing import TYPE_CHECKING, Any
+
 from loader.errors import (
     CorruptShardError,
     IncompatibleStateError,
@@ -19,10 +24,16 @@ from loader.options import ReadOptions
 from loader.source import RemoteOptions
 from loader.world import World
 
+if TYPE_CHECKING:
+    from loader.dataset import ShardDataset
+    from loader.mixdataset import GroupedDataset, MixedDataset
+
 __all__ = [
     "CorruptShardError",
+    "GroupedDataset",
     "IncompatibleStateError",
     "LoaderError",
+    "MixedDataset",
     "ReadOptions",
     "RemoteOptions",
     "ShardDataset",
@@ -30,3 +41,16 @@ __all__ = [
     "World",
     "WorldMismatchError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The torch datasets import torch when first asked for (``loader.ShardDataset``, ...)."""
+    if name == "ShardDataset":
+        from loader.dataset import ShardDataset
+
+        return ShardDataset
+    if name in ("MixedDataset", "GroupedDataset"):
+        from loader import mixdataset
+
+        return getattr(mixdataset, name)
+    raise AttributeError(f"module 'loader' has no attribute {name!r}")

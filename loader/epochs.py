@@ -24,30 +24,41 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["MAX_WORKERS", "ResumePoint", "SharedProgress"]
+from loader.elastic import Pass
+
+__all__ = ["MAX_PASSES", "MAX_WORKERS", "ResumePoint", "SharedProgress"]
 
 MAX_WORKERS = 1024
+MAX_PASSES = 64  # elastic resumes within one epoch
 _MAIN = MAX_WORKERS  # the main process's counter (num_workers=0)
 _RESUME = MAX_WORKERS + 1  # epoch, batches, num_workers of a pending resume (-1: none)
 _EXPLICIT = _RESUME + 3  # per slot: 1 while its next epoch was set by set_epoch
 _RESTORED = _EXPLICIT + _RESUME  # per worker: epoch + 1 of the last torchdata state it restored
 _EXHAUSTED = _RESTORED + MAX_WORKERS  # per worker: 1 if that restored position was its slot's end
 _SLOT = _EXHAUSTED + MAX_WORKERS  # per worker: the slot of that restored position
+_WORLD = _SLOT + MAX_WORKERS  # world size of the pending resume, then its number of passes
+_HISTORY = _WORLD + 2  # the pending resume's earlier passes, 3 numbers each
 
 
 class ResumePoint(NamedTuple):
-    """A rank-level position: ``batches`` batches of ``epoch`` were consumed with ``num_workers``."""
+    """A rank-level position: ``batches`` batches of ``epoch`` were consumed with ``num_workers``.
+
+    ``world_size`` is the world the position was saved in (0: the current
+    one); ``history`` the epoch's earlier passes (``loader.elastic``).
+    """
 
     epoch: int
     batches: int
     num_workers: int
+    world_size: int = 0
+    history: tuple[Pass, ...] = ()
 
 
 class SharedProgress:
     """Per-slot next-epoch counters and a pending resume point, in shared memory."""
 
     def __init__(self) -> None:
-        size = _SLOT + MAX_WORKERS
+        size = _HISTORY + 3 * MAX_PASSES
         self._cell = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._cell[_RESUME : _RESUME + 3] = -1
 
@@ -76,13 +87,25 @@ class SharedProgress:
 
     def set_resume(self, point: ResumePoint) -> None:
         """Resume ``point.epoch`` after ``point.batches`` batches, on every slot."""
+        if len(point.history) > MAX_PASSES:
+            raise ValueError(f"at most {MAX_PASSES} elastic resumes within one epoch")
         self._cell[:_RESUME] = point.epoch
-        self._cell[_RESUME : _RESUME + 3] = torch.tensor(list(point), dtype=torch.int64)
+        self._cell[_RESUME : _RESUME + 3] = torch.tensor(list(point[:3]), dtype=torch.int64)
+        self._cell[_WORLD] = point.world_size
+        self._cell[_WORLD + 1] = len(point.history)
+        if point.history:
+            flat = [v for p in point.history for v in p]
+            self._cell[_HISTORY : _HISTORY + len(flat)] = torch.tensor(flat, dtype=torch.int64)
 
     def resume_for(self, epoch: int) -> ResumePoint | None:
         """The pending resume point if it belongs to ``epoch``."""
-        point = ResumePoint(*(int(v) for v in self._cell[_RESUME : _RESUME + 3].tolist()))
-        return point if point.epoch == epoch else None
+        head = [int(v) for v in self._cell[_RESUME : _RESUME + 3].tolist()]
+        if head[0] != epoch:
+            return None
+        world_size, passes = (int(v) for v in self._cell[_WORLD : _WORLD + 2].tolist())
+        flat = self._cell[_HISTORY : _HISTORY + 3 * passes].tolist()
+        history = tuple(Pass(*flat[i : i + 3]) for i in range(0, len(flat), 3))
+        return ResumePoint(head[0], head[1], head[2], world_size, history)
 
     def report_restored(self, worker: int, epoch: int, slot: int, exhausted: bool) -> None:
         """DataLoader worker ``worker`` restored slot ``slot`` of ``epoch``, at the slot's end or not."""

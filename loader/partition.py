@@ -113,6 +113,8 @@ def slice_order(
 ) -> list[SampleRange]:
     """Positions ``[start, stop)`` of the epoch sequence; positions ≥ ``total`` wrap, padded."""
     pieces: list[SampleRange] = []
+    if start >= stop:
+        return pieces
     position = 0  # sequence position of the current block's first sample
     lap = start // total
     while start < stop:

@@ -12,7 +12,7 @@ window it lands in. Memory is one window.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,14 +23,16 @@ from loader.order import SampleRange
 from loader.read import Chunk, ShardReader
 from shardprep.rng import derive_rng
 
-__all__ = ["ErrorPolicy", "plan_windows", "sample_stream", "shuffled_windows"]
+Sizes = Sequence[int] | npt.NDArray[np.int64]  # bytes per sample of a range
+
+__all__ = ["ErrorPolicy", "plan_windows", "sample_stream", "shuffled_windows", "window_order"]
 
 log = logging.getLogger(__name__)
 
 
 def plan_windows(
     pieces: list[SampleRange],
-    sizes_of: Callable[[SampleRange], npt.NDArray[np.int64]],
+    sizes_of: Callable[[SampleRange], Sizes],
     max_samples: int,
     max_bytes: int,
 ) -> Iterator[list[SampleRange]]:
@@ -62,6 +64,19 @@ def plan_windows(
                 window, count, nbytes = [], 0, 0
     if window:
         yield window
+
+
+def window_order(
+    rng_key: tuple[int, ...], number: int, size: int, shuffle: bool
+) -> npt.NDArray[np.int64]:
+    """The order window ``number`` (of ``size`` samples) is emitted in; keyed by ``rng_key``.
+
+    ``rng_key`` is (seed, epoch, rank, worker[, pass]); the window is permuted by
+    ``derive_rng(seed, "window", epoch, rank, worker[, pass], number)``.
+    """
+    if not shuffle:
+        return np.arange(size, dtype=np.int64)
+    return derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size)
 
 
 class _Substitute:
@@ -179,9 +194,8 @@ def shuffled_windows(
     """Each window read, with the positions of its samples to emit, in order, after ``skip``.
 
     Position ``p`` of a window is sample ``p`` of its chunks taken in turn.
-    ``rng_key`` is (seed, epoch, rank, worker); window ``k`` is permuted by
-    ``derive_rng(seed, "window", epoch, rank, worker, k)``. Windows wholly
-    inside ``skip`` are not read.
+    ``rng_key`` is (seed, epoch, rank, worker[, pass]); window ``k`` is emitted in
+    ``window_order(rng_key, k, ...)``. Windows wholly inside ``skip`` are not read.
     """
     windows = plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes)
     for number, window in enumerate(windows):
@@ -190,10 +204,7 @@ def shuffled_windows(
             skip -= size  # resume: this window was consumed before; do not read it
             continue
         chunks = _read_window(window, reader, policy)
-        if shuffle:
-            order = derive_rng(rng_key[0], "window", *rng_key[1:], number).permutation(size)
-        else:
-            order = np.arange(size, dtype=np.int64)
+        order = window_order(rng_key, number, size, shuffle)
         yield chunks, order[skip:]
         del chunks  # before the next window is read: one window in memory, not two
         skip = 0

@@ -15,7 +15,10 @@ Two positions exist, one per way of resuming:
 
 Both carry the options that fix the order (manifest fingerprint, seed,
 shuffle, window, batch size, world size, ...); loading a state made under
-other options raises ``IncompatibleStateError`` naming the field.
+other options raises ``IncompatibleStateError`` naming the field. A rank's
+position may resume at another world size or ``num_workers`` (elastic
+resume, ``loader.elastic``); it then also carries the epoch's earlier passes
+(``history``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ STATE_VERSION = 2
 
 _HINTS = {
     "manifest": "the state was saved for another build of the data",
-    "world_size": "resume with the same number of ranks (elastic re-splitting is not supported)",
-    "num_workers": "create the DataLoader with the same num_workers as when the state was saved",
+    "world_size": "a torchdata state resumes at the same number of ranks only; for another world "
+    "size save ShardDataset.state_after(batch) and call ShardDataset.resume(state) (elastic "
+    "resume, with a batch_size)",
+    "num_workers": "a torchdata state resumes with the same num_workers only; for another number "
+    "save ShardDataset.state_after(batch) and call ShardDataset.resume(state) (elastic resume)",
     "batch_size": "create the ShardDataset with the same batch_size as when the state was saved",
 }
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from loader.elastic import Pass
 from loader.errors import IncompatibleStateError
 from loader.state import check_state, rank_resume
 from loader.world import World
 
 if TYPE_CHECKING:
-    from loader.dataset import ShardDataset
+    from loader.torchlayer import TorchLayer
 
 __all__ = ["EpochStream"]
 
@@ -30,7 +31,7 @@ class EpochStream:
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: TorchLayer,
         epoch: int,
         world: World,
         counter: int | None,
@@ -42,16 +43,20 @@ class EpochStream:
         self._explicit = explicit  # the epoch was chosen by set_epoch for this pass
         self._epoch = epoch
         self._slot, self._yielded = world.worker, 0
+        self._history: tuple[Pass, ...] = ()  # the epoch's earlier passes (elastic resume)
         point = dataset.progress.resume_for(epoch)
         if point is not None:
-            if point.num_workers != world.num_workers:
-                raise IncompatibleStateError.field_differs(
-                    "num_workers",
-                    point.num_workers,
-                    world.num_workers,
-                    "create the DataLoader with the same num_workers as when the state was saved",
+            saved_world = point.world_size or world.world_size
+            if (saved_world, point.num_workers) == (world.world_size, world.num_workers):
+                self._history = point.history
+                self._slot, self._yielded = rank_resume(
+                    point.batches, point.num_workers, world.worker
                 )
-            self._slot, self._yielded = rank_resume(point.batches, point.num_workers, world.worker)
+            else:  # another world: a new pass over what the saved one left
+                self._history = (
+                    *point.history,
+                    Pass(saved_world, point.num_workers, point.batches),
+                )
         self._items: Iterator[Any] | None = None
         self._restored_at_end = False  # a torchdata state put this slot at its epoch's end
         self._fingerprint = dataset.fingerprint(world.num_workers)  # state_dict() runs per batch
@@ -72,7 +77,7 @@ class EpochStream:
             slot_world = World(
                 self._world.rank, self._world.world_size, self._slot, self._world.num_workers
             )
-            self._items = self._dataset.items(self._epoch, slot_world, self._yielded)
+            self._items = self._dataset.items(self._epoch, slot_world, self._yielded, self._history)
         item = next(self._items)
         self._yielded += 1
         return item
@@ -95,10 +100,15 @@ class EpochStream:
             return  # other slots still have batches of this epoch
         slot = self._world.worker
         if self._dataset.batch_size is not None:
-            batches = sum(self._dataset.items_per_slot(self._world.world_size, num_workers))
+            batches = sum(
+                self._dataset.items_per_slot(
+                    self._world.world_size, num_workers, self._history, self._epoch
+                )
+            )
             last_worker = slots.index((batches - 1) % num_workers) if batches else -1
             slot = (self._world.worker - last_worker - 1) % num_workers
         self._epoch, self._slot, self._yielded = self._epoch + 1, slot, 0
+        self._history = ()
         self._dataset.progress.continue_after(self._counter, self._epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -108,6 +118,7 @@ class EpochStream:
             "epoch": self._epoch,
             "slot": self._slot,
             "yielded": self._yielded,
+            "history": [list(p) for p in self._history],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -134,8 +145,11 @@ class EpochStream:
                 "slot", state["slot"], f"< {self._world.num_workers}"
             )
         self._epoch, self._slot, self._yielded = (int(state[f]) for f in _POSITION)
+        self._history = tuple(Pass(*(int(v) for v in p)) for p in state.get("history", ()))
         self._dataset.progress.continue_after(self._counter, self._epoch)
-        per_slot = self._dataset.items_per_slot(self._world.world_size, self._world.num_workers)
+        per_slot = self._dataset.items_per_slot(
+            self._world.world_size, self._world.num_workers, self._history, self._epoch
+        )
         self._restored_at_end = self._yielded >= per_slot[self._slot]
         self._dataset.progress.report_restored(
             self._world.worker, self._epoch, self._slot, self._restored_at_end

@@ -185,6 +185,6 @@ def main() -> None:
     parser.add_argument("--fits", default=",".join(FITS), help="comma-separated names in FITS")
     args = parser.parse_args()
     # Workers unpickle a ShardDataset: import torch and the loader once, in the fork server.
-    multiprocessing.set_forkserver_preload(["loader"])
+    multiprocessing.set_forkserver_preload(["loader.dataset"])
     for name in args.fits.split(","):
         run_fit(name, args.data, args.workdir)

@@ -32,8 +32,10 @@ def test_public_api_is_exactly_this() -> None:
     ]
     assert loader.__all__ == [
         "CorruptShardError",
+        "GroupedDataset",
         "IncompatibleStateError",
         "LoaderError",
+        "MixedDataset",
         "ReadOptions",
         "RemoteOptions",
         "ShardDataset",

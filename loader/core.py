@@ -1,0 +1,369 @@
+"""Core: a shardprep output as a stream of samples or NumPy batches for one (rank, worker). No torch.
+
+``ShardStream`` holds everything that decides *what* a rank and worker read
+(the epoch order, the partition, reading, window shuffling, class weights and
+resume arithmetic) and nothing that depends on a framework: the rank, the
+world size, the worker and the epoch are explicit arguments, as in
+``tf.data.Dataset.shard(num_shards, index)``. It imports neither torch nor
+anything that does, so JAX, TensorFlow and NumPy users can use it as is::
+
+    from loader.core import ShardStream
+
+    stream = ShardStream("OUT", batch_size=64, seed=0)
+    for batch in stream.iterate(epoch, rank=r, world_size=w):   # dicts of NumPy arrays
+        ...
+
+``loader.ShardDataset`` is the torch layer over it: it resolves the rank from
+``torch.distributed`` and the worker from the DataLoader, counts epochs in
+shared memory, and assembles batches as torch tensors; the samples are the
+ones ``ShardStream.iterate`` gives for the same (epoch, rank, world size,
+worker, number of workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from itertools import count, islice
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from loader.decode import make_decoder
+from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
+from loader.npbatch import collate_numpy
+from loader.options import ReadOptions
+from loader.order import SampleRange, epoch_order
+from loader.partition import (
+    Uneven,
+    batch_slot_counts,
+    batches_per_rank,
+    samples_per_rank,
+    slice_order,
+    slot_counts,
+)
+from loader.read import BufferPool, ShardReader
+from loader.reweight import Reweighting
+from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
+from loader.source import Source
+from loader.state import STATE_VERSION
+from loader.world import World
+from shardprep.shardformat import ShardIndex
+
+__all__ = ["ShardStream"]
+
+Collate = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Any]
+# windows (``shuffle.shuffled_windows``), batch size, positions → batches, skipping sample dicts
+Gather = Callable[[Iterator[Any], int, Iterator[dict[str, Any]]], Iterator[Any]]
+
+
+class ShardStream:
+    """The samples of a shardprep output for any (epoch, rank, world size, worker, workers).
+
+    Arguments are those of ``loader.ShardDataset`` (see there) less the rank
+    and world size, which ``iterate`` takes explicitly. With ``batch_size``,
+    ``iterate`` yields batches: dicts of NumPy arrays (``loader.npbatch``);
+    otherwise sample dicts (``{ext: bytes}`` plus ``__key__``, or decoded values).
+
+    The order is a pure function of (manifest, seed, epoch, world size,
+    workers, batch size): every process computing a share of the same epoch
+    agrees on the whole split without talking to the others.
+    """
+
+    collate: Collate = staticmethod(collate_numpy)  # how samples become a batch
+    gather: Gather | None = None  # how raw windows become batches directly, where a layer can
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        uneven: str = "drop",
+        decode: bool | Mapping[str, Callable[[bytes], Any]] = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        shuffle_buffer: int = 8192,
+        shuffle_buffer_bytes: int = 16 << 20,
+        block_size: int = 1024,
+        allow_pickle: bool = False,
+        read: ReadOptions | None = None,
+        class_weights: str | None = None,
+        resample: bool = True,
+    ) -> None:
+        if seed < 0:
+            raise ValueError(f"seed must be non-negative, not {seed}")
+        if min(shuffle_buffer, shuffle_buffer_bytes, block_size) < 1:
+            raise ValueError("shuffle_buffer, shuffle_buffer_bytes and block_size must be positive")
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if drop_last and batch_size is None:
+            raise ValueError("drop_last needs a batch_size")
+        self.read = read or ReadOptions()
+        self.source = Source(path, self.read.remote)
+        self.manifest = self.source.manifest()
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.seed, self.shuffle, self.uneven = seed, shuffle, Uneven(uneven)
+        self.decode, self.transform, self.allow_pickle = decode, transform, allow_pickle
+        self.shuffle_buffer, self.shuffle_buffer_bytes = shuffle_buffer, shuffle_buffer_bytes
+        self.block_size = block_size
+        self.class_weights, self.resample = class_weights, resample
+        self._sizes = [s.num_samples for s in self.manifest.shards]
+        self._reweighting: Reweighting | None = None
+        if class_weights is not None:
+            if self.manifest.class_names is None:
+                raise ValueError("class_weights needs a labelled dataset; this one has no classes")
+            self._reweighting = Reweighting(
+                class_weights,
+                self.manifest.class_names,
+                [s.class_counts for s in self.manifest.shards],
+            )
+            if resample:
+                self._sizes = self._reweighting.shard_sizes()
+        self._total = sum(self._sizes)
+
+    # --- counts -----------------------------------------------------------------------
+
+    @property
+    def total(self) -> int:
+        """Samples in one epoch of the whole dataset (after class-weight resampling)."""
+        return self._total
+
+    def samples_per_rank(self, world_size: int) -> int:
+        """Samples every rank receives per epoch (before a ``drop_last`` of its last batch).
+
+        Raises:
+            WorldMismatchError: ``uneven="drop"`` with fewer samples than ranks.
+        """
+        return samples_per_rank(self._total, world_size, self.uneven)
+
+    def batches_per_rank(self, world_size: int) -> int:
+        """Batches every rank yields per epoch (needs ``batch_size``)."""
+        if self.batch_size is None:
+            raise TypeError("batches_per_rank needs a batch_size")
+        return batches_per_rank(self.samples_per_rank(world_size), self.batch_size, self.drop_last)
+
+    def slot_samples(
+        self, world_size: int, num_workers: int, history: Sequence[Pass] = (), epoch: int = 0
+    ) -> list[int]:
+        """Samples of each worker slot in a pass: whole batches per slot with a batch size.
+
+        ``history`` lists the earlier passes of ``epoch`` (elastic resume,
+        ``loader.elastic``); empty for a normal epoch, whose counts are the same
+        for every epoch. With a history, the rest is computed from the shard
+        indexes (they are read).
+        """
+        if history:
+            reader = self.reader(epoch)
+            try:
+                size = sum(len(r) for r in self._sequence(epoch, history, reader))
+            finally:
+                reader.close()
+            per_rank = pass_share(size, world_size, self.uneven)
+        else:
+            per_rank = self.samples_per_rank(world_size)
+        return self._split(per_rank, num_workers)
+
+    def _split(self, per_rank: int, num_workers: int) -> list[int]:
+        if self.batch_size is None:
+            return slot_counts(per_rank, num_workers)
+        return batch_slot_counts(per_rank, num_workers, self.batch_size, self.drop_last)
+
+    def items_per_slot(
+        self, world_size: int, num_workers: int, history: Sequence[Pass] = (), epoch: int = 0
+    ) -> list[int]:
+        """Items (batches, or samples without a batch size) each worker slot yields in a pass."""
+        counts = self.slot_samples(world_size, num_workers, history, epoch)
+        if self.batch_size is None:
+            return counts
+        return [-(-c // self.batch_size) for c in counts]
+
+    # --- iteration ----------------------------------------------------------------------
+
+    def iterate(
+        self,
+        epoch: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        start: int = 0,
+    ) -> Iterator[Any]:
+        """The items of worker ``worker`` (of ``num_workers``) of rank ``rank`` in ``epoch``.
+
+        ``start`` skips that many items (batches, or samples) of this worker's
+        share, e.g. to resume: whole consumed windows are not read again.
+        Run one iterator per (rank, worker); together they yield the epoch.
+        """
+        if epoch < 0 or start < 0:
+            raise ValueError(f"epoch and start must be non-negative, not {epoch}, {start}")
+        return self.items(epoch, World(rank, world_size, worker, num_workers), start)
+
+    def items(
+        self, epoch: int, world: World, skip: int, history: Sequence[Pass] = ()
+    ) -> Iterator[Any]:
+        """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones.
+
+        With a ``history`` of earlier passes (elastic resume), the pass streams
+        the rest those passes left, re-split over ``world``.
+        """
+        batch = self.batch_size
+        decoder = make_decoder(self.decode, self.allow_pickle)
+        policy = ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors)
+        # batches gathered straight from the windows, with no per-sample dict (the torch layer)
+        gather = (
+            batch is not None
+            and self.gather is not None
+            and decoder is None
+            and self.transform is None
+            and not policy.skip
+        )
+        reader = self.reader(epoch, BufferPool() if gather else None)
+        try:
+            # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
+            pieces = self._pieces(epoch, world, reader, history)
+            rng_key = window_key(self.seed, epoch, world.rank, world.worker, len(history))
+            # → windows read in turn, each emitted in a seeded order
+            windows = shuffled_windows(
+                pieces,
+                reader,
+                shuffle=self.shuffle,
+                rng_key=rng_key,
+                skip=skip if batch is None else skip * batch,
+                max_samples=self.shuffle_buffer,
+                max_bytes=self.shuffle_buffer_bytes,
+                policy=policy,
+            )
+            # this slot's j-th batch is the rank's batch j * num_workers + slot
+            position: dict[str, Any] = {"epoch": epoch, "num_workers": world.num_workers}
+            if history:
+                position["history"] = [list(p) for p in history]
+            positions = (
+                {**position, "batch": j * world.num_workers + world.worker} for j in count(skip)
+            )
+            if gather:
+                # → whole batches, gathered from the windows' buffers
+                yield from self.gather(windows, batch, positions)  # type: ignore[arg-type, misc]
+                return
+            # → raw samples, one dict each
+            samples = sample_stream(windows, policy)
+            # → decoded and transformed samples
+            if decoder is not None:
+                samples = map(decoder, samples)
+            if self.transform is not None:
+                samples = map(self.transform, samples)
+            if batch is None:
+                yield from samples
+                return
+            # → whole batches
+            for at in positions:
+                chunk = list(islice(samples, batch))
+                if not chunk:
+                    return
+                yield self.collate(chunk, at)
+        finally:
+            reader.close()
+
+    def _pieces(
+        self, epoch: int, world: World, reader: ShardReader, history: Sequence[Pass]
+    ) -> list[SampleRange]:
+        """This (rank, slot)'s ranges of the pass's sequence, in stream order."""
+        sequence = self._sequence(epoch, history, reader)
+        size = sum(len(r) for r in sequence)
+        if history:
+            per_rank = pass_share(size, world.world_size, self.uneven)
+        else:
+            per_rank = self.samples_per_rank(world.world_size)
+        counts = self._split(per_rank, world.num_workers)
+        begin = world.rank * per_rank + sum(counts[: world.worker])
+        return slice_order(sequence, size, begin, begin + counts[world.worker])
+
+    def order(self, epoch: int) -> list[SampleRange]:
+        """The epoch's block order over all samples, identical on every rank and worker."""
+        return epoch_order(self._sizes, self.seed, epoch, self.shuffle, self.block_size)
+
+    def _sequence(
+        self, epoch: int, history: Sequence[Pass], reader: ShardReader
+    ) -> list[SampleRange]:
+        """The sequence a pass splits: the epoch order, or what the ``history`` passes left."""
+        sequence = self.order(epoch)  # → the epoch's block order
+        for number, done in enumerate(history):  # → the rest of each earlier pass, in turn
+            if self.batch_size is None:
+                raise ValueError("an elastic resume needs a batch_size (passes count batches)")
+            per_rank = pass_share(sum(len(r) for r in sequence), done.world_size, self.uneven)
+            counts = self._split(per_rank, done.num_workers)
+            consumed = batches_consumed(counts, self.batch_size, done.num_workers, done.batches)
+            sequence = pass_rest(
+                sequence,
+                per_rank,
+                counts,
+                [consumed] * done.world_size,
+                reader.sample_sizes,
+                shuffle=self.shuffle,
+                key=partial(_pass_key, self.seed, epoch, number),
+                max_samples=self.shuffle_buffer,
+                max_bytes=self.shuffle_buffer_bytes,
+            )
+        return sequence
+
+    def reader(self, epoch: int, pool: BufferPool | None = None) -> ShardReader:
+        """A reader of this output with ``epoch``'s class-weight draw (close it after use)."""
+        return ShardReader(
+            self.source,
+            self.manifest,
+            self.read.verify,
+            self._expander(epoch),
+            self.read.checksums,
+            pool,
+        )
+
+    def _expander(
+        self, epoch: int
+    ) -> Callable[[int, ShardIndex], tuple[npt.NDArray[np.int64], list[float] | None]] | None:
+        """How a shard's samples are repeated, dropped or weighted this epoch (class_weights)."""
+        reweighting = self._reweighting
+        if reweighting is None:
+            return None
+        if not self.resample:
+
+            def weigh(
+                shard: int, index: ShardIndex
+            ) -> tuple[npt.NDArray[np.int64], list[float] | None]:
+                weights = reweighting.class_weight[np.maximum(index.label, 0)].tolist()
+                return np.arange(index.num_samples, dtype=np.int64), weights
+
+            return weigh
+
+        def draw(shard: int, index: ShardIndex) -> tuple[npt.NDArray[np.int64], list[float] | None]:
+            return reweighting.sample_ids(index.label, shard, self.seed, epoch), None
+
+        return draw
+
+    # --- resume -------------------------------------------------------------------------
+
+    def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
+        """The options a resume state must share with this run (they fix the order)."""
+        return {
+            "version": STATE_VERSION,
+            "manifest": self.manifest.fingerprint,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "uneven": self.uneven.value,
+            "block_size": self.block_size,
+            "shuffle_buffer": self.shuffle_buffer,
+            "shuffle_buffer_bytes": self.shuffle_buffer_bytes,
+            "class_weights": None
+            if self.class_weights is None
+            else f"{self.class_weights} resample={self.resample}",
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "world_size": world_size,
+            "num_workers": num_workers,
+        }
+
+
+def _pass_key(seed: int, epoch: int, number: int, rank: int, worker: int) -> tuple[int, ...]:
+    return window_key(seed, epoch, rank, worker, number)

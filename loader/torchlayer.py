@@ -1,0 +1,244 @@
+"""TorchLayer: what makes a torch IterableDataset of a core stream (``ShardStream``, ``MixedStream``).
+
+The core decides what each (epoch, rank, world size, worker) reads; this
+layer finds those values in a torch job: the rank from ``torch.distributed``
+when an epoch starts, the worker from the DataLoader, the epoch from counters
+in shared memory (``loader.epochs``); and it gives ``len()``, ``set_epoch``,
+``state_after``/``resume`` and the per-worker iterator torchdata checkpoints
+(``loader.stream.EpochStream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch.utils.data
+
+from loader.batch import POSITION
+from loader.elastic import Pass
+from loader.epochs import ResumePoint, SharedProgress
+from loader.errors import IncompatibleStateError
+from loader.guards import check_not_resplit
+from loader.state import check_state
+from loader.stream import EpochStream
+from loader.world import World, resolve_rank, worker_info
+
+__all__ = ["TorchLayer"]
+
+
+class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The torch side of a dataset; the core stream it is mixed into provides the methods below."""
+
+    batch_size: int | None
+    elastic = True  # resume() accepts another world size or num_workers
+
+    def __init__(self, rank: int | None, world_size: int | None) -> None:
+        super().__init__()
+        if rank is not None or world_size is not None:
+            resolve_rank(rank, world_size)  # validates an explicit pair now
+        self._rank_override = (rank, world_size)
+        self._inherited_rank: tuple[int, int] | None = None
+        self.progress = SharedProgress()
+
+    # --- provided by the core stream ----------------------------------------------------
+
+    def samples_per_rank(self, world_size: int) -> int:
+        raise NotImplementedError
+
+    def batches_per_rank(self, world_size: int) -> int:
+        raise NotImplementedError
+
+    def items_per_slot(
+        self, world_size: int, num_workers: int, history: Sequence[Pass] = (), epoch: int = 0
+    ) -> list[int]:
+        raise NotImplementedError
+
+    def items(
+        self, epoch: int, world: World, skip: int, history: Sequence[Pass] = ()
+    ) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # --- world, epoch and length ----------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, resolved now (see ``loader.world.resolve_rank``)."""
+        return self._world()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks, resolved now."""
+        return self._world()[1]
+
+    def _world(self) -> tuple[int, int]:
+        return resolve_rank(*self._rank_override, self._inherited_rank)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration streams."""
+        return self.progress.next_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Stream ``epoch`` next (as ``DistributedSampler.set_epoch``), in every worker.
+
+        Without calls, each iteration streams the epoch after the previous one.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        self.progress.set_epoch(epoch)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples every rank receives per epoch (before a ``drop_last`` of its last batch)."""
+        return self.samples_per_rank(self.world_size)
+
+    def __len__(self) -> int:
+        """Batches every rank yields per epoch (needs ``batch_size``).
+
+        Raises:
+            TypeError: no ``batch_size``: the number of batches is the
+                DataLoader's, which cannot count it exactly with several workers.
+        """
+        if self.batch_size is None:
+            raise TypeError(
+                "ShardDataset has no len() without batch_size: a DataLoader that batches single "
+                "samples from several workers makes more batches than len() would say. Use "
+                "ShardDataset(..., batch_size=B) with DataLoader(ds, batch_size=None), or "
+                "ds.num_samples for the per-rank sample count"
+            )
+        return self.batches_per_rank(self.world_size)
+
+    # --- iteration ----------------------------------------------------------------
+
+    def __iter__(self) -> EpochStream:
+        check_not_resplit()
+        info = worker_info()  # None in the main process (num_workers=0)
+        worker, num_workers = info or (0, 1)
+        rank, world_size = self._world()
+        counter = None if info is None else worker
+        epoch, explicit = self.progress.claim(counter)
+        world = World(rank, world_size, worker, num_workers)
+        return EpochStream(self, epoch, world, counter, explicit)
+
+    # --- resume -------------------------------------------------------------------
+
+    def fingerprint(self, num_workers: int) -> dict[str, Any]:
+        """The options a resume state must share with this run (they fix the order)."""
+        return self.options_fingerprint(self.world_size, num_workers)
+
+    def state_after(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The resume state once ``batch`` (one this dataset yielded) has been trained on.
+
+        For a plain ``torch.utils.data.DataLoader``: the position is read off
+        the batch itself, so it is right whatever the caller counted. Save
+        the small JSON-able dict with the checkpoint (it is the same on every
+        rank) and pass it to :meth:`resume`, at the same or another world size
+        and ``num_workers`` (elastic resume). With torchdata's
+        ``StatefulDataLoader`` use its ``state_dict()`` instead (same world only).
+
+        The state holds the options that fix the order (including the world
+        size and ``num_workers`` it was saved at), ``epoch``, ``batches`` (the
+        batches every rank had consumed in the current pass) and ``history``
+        (the earlier passes of this epoch, ``[world_size, num_workers,
+        batches]`` each, after elastic resumes; usually empty).
+
+        Raises:
+            TypeError: ``batch`` did not come from a ShardDataset with a batch size.
+        """
+        position = batch.get(POSITION) if isinstance(batch, Mapping) else None
+        if not isinstance(position, Mapping):
+            raise TypeError(
+                "state_after() needs a batch yielded by ShardDataset(batch_size=...) (it carries "
+                f"{POSITION!r}); without a batch size, resume through torchdata's "
+                "StatefulDataLoader"
+            )
+        return {
+            **self.fingerprint(int(position["num_workers"])),
+            "epoch": int(position["epoch"]),
+            "batches": int(position["batch"]) + 1,
+            "history": [[int(v) for v in p] for p in position.get("history", ())],
+        }
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_after`'s result: the next pass streams the rest of that epoch.
+
+        Call it before iterating the DataLoader (it reaches persistent workers
+        too). The epochs after it follow as usual. A state saved on an epoch's
+        last batch makes the next pass the following epoch.
+
+        The world may differ from the one the state was saved at (another
+        world size, another ``num_workers``): the samples of the epoch not yet
+        consumed are then re-split over the new world (``loader.elastic``), and
+        the next epochs are the new world's normal ones. Every rank must call
+        ``resume`` with the same state (``state_after`` gives the same on all).
+
+        Raises:
+            IncompatibleStateError: the state is from another build, seed,
+                option set or batch size; or it is past the pass's end.
+        """
+        if not isinstance(state, Mapping) or not isinstance(state.get("num_workers"), int):
+            raise IncompatibleStateError("cannot resume: not a state from ShardDataset.state_after")
+        saved_world = state.get("world_size")
+        if not isinstance(saved_world, int) or saved_world < 1 or state["num_workers"] < 1:
+            raise IncompatibleStateError.field_differs("world_size", saved_world, "a positive int")
+        if not self.elastic and saved_world != self.world_size:
+            raise IncompatibleStateError.field_differs(
+                "world_size",
+                saved_world,
+                self.world_size,
+                f"a {type(self).__name__} resumes at the same world size only",
+            )
+        check_state(
+            state,
+            self.options_fingerprint(saved_world, state["num_workers"]),
+            ("epoch", "batches"),
+        )
+        history = _history(state.get("history", []))
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if self.batch_size is None:
+            raise IncompatibleStateError.field_differs("batch_size", None, state["batch_size"])
+        length = sum(self.items_per_slot(saved_world, state["num_workers"], history, epoch))
+        if batches > length:
+            raise IncompatibleStateError.field_differs("batches", batches, f"at most {length}")
+        if batches == length:  # the pass, hence the epoch, was complete
+            self.set_epoch(epoch + 1)
+            return
+        if batches == 0 and not history:  # nothing consumed: the new world's normal epoch
+            self.set_epoch(epoch)
+            return
+        self.progress.set_resume(
+            ResumePoint(epoch, batches, int(state["num_workers"]), saved_world, history)
+        )
+
+    # --- pickling (DataLoader workers) -------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_worker_arena", None)  # a DataLoader worker's own; never crosses processes
+        # A spawned or forkserver worker has no process group: hand it the rank resolved here.
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            state["_inherited_rank"] = (dist.get_rank(), dist.get_world_size())
+        return state
+
+
+def _history(value: Any) -> tuple[Pass, ...]:
+    """The ``history`` of a state as passes, checked."""
+    if not isinstance(value, Sequence) or not all(
+        isinstance(p, Sequence)
+        and len(p) == 3
+        and all(isinstance(v, int) for v in p)
+        and p[0] >= 1
+        and p[1] >= 1
+        and p[2] >= 0
+        for p in value
+    ):
+        raise IncompatibleStateError.field_differs(
+            "history", value, "a list of [world_size, num_workers, batches]"
+        )
+    return tuple(Pass(*p) for p in value)

@@ -1,0 +1,132 @@
+"""Elastic resume through ShardDataset and real DataLoaders: W x K interrupted, W' x K' resumed.
+
+Every rank is simulated in this process (explicit rank/world_size); the DataLoader
+and its workers are real. Real gloo ranks: tests/distributed/test_elastic_ddp.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.utils.data
+
+from loader import IncompatibleStateError, ShardDataset
+from loader.elastic import pass_share
+
+OPTIONS: dict[str, Any] = {"batch_size": 4, "shuffle_buffer": 8, "block_size": 8}
+
+
+def _loader(ds: ShardDataset, workers: int) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+
+
+def _pairs(batch: Any) -> list[tuple[str, bool]]:
+    return [(str(k), bool(p)) for k, p in zip(batch["__key__"], batch["__padded__"], strict=True)]
+
+
+def _interrupted(out: Path, world: int, workers: int, stop: int, uneven: str) -> tuple[list[tuple[str, bool]], dict[str, Any]]:  # fmt: skip
+    """Every rank trains ``stop`` batches of epoch 0; the samples seen and the (common) state."""
+    seen, states = [], []
+    for rank in range(world):
+        ds = ShardDataset(str(out), rank=rank, world_size=world, uneven=uneven, **OPTIONS)
+        for step, batch in enumerate(_loader(ds, workers)):
+            seen += _pairs(batch)
+            if step + 1 == stop:
+                states.append(ds.state_after(batch))
+                break
+    assert all(s == states[0] for s in states), "state_after differs between ranks"
+    return seen, states[0]
+
+
+def _resumed(out: Path, world: int, workers: int, state: dict[str, Any], uneven: str) -> tuple[list[list[list[tuple[str, bool]]]], list[ShardDataset]]:  # fmt: skip
+    """Every rank's batches of the resumed pass, and the datasets (for the next epoch)."""
+    ranks, datasets = [], []
+    for rank in range(world):
+        ds = ShardDataset(str(out), rank=rank, world_size=world, uneven=uneven, **OPTIONS)
+        ds.resume(state)
+        ranks.append([_pairs(b) for b in _loader(ds, workers)])
+        datasets.append(ds)
+    return ranks, datasets
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "uneven", "stop"),
+    [((2, 0), (3, 2), "drop", 5), ((4, 2), (3, 0), "pad", 3), ((1, 3), (4, 1), "drop", 11)],
+)
+def test_the_rest_of_the_epoch_is_split_over_the_new_world(
+    built: Path, old: tuple[int, int], new: tuple[int, int], uneven: str, stop: int
+) -> None:
+    total = 103
+    seen, state = _interrupted(built, *old, stop, uneven)
+    assert state["world_size"] == old[0] and state["num_workers"] == max(1, old[1])
+    assert state["batches"] == stop and state["history"] == []
+    ranks, datasets = _resumed(built, *new, state, uneven)
+    assert len({len(r) for r in ranks}) == 1, "ranks took different numbers of steps"
+    before = [k for k, padded in seen if not padded]
+    # The rest: what the old world had assigned and not yet streamed, padding excluded.
+    per_rank = pass_share(total, old[0], uneven)
+    assigned = min(total, per_rank * old[0])
+    rest = assigned - len(before)
+    share = pass_share(rest, new[0], uneven)
+    assert [sum(map(len, r)) for r in ranks] == [share] * new[0]
+    after = [k for r in ranks for b in r for k, padded in b if not padded]
+    real = Counter(before + after)
+    assert max(real.values()) == 1, "a sample was streamed twice in the epoch"
+    left_out = (total - assigned) + (rest - min(rest, share * new[0]))
+    assert len(real) == total - left_out
+    # The next epoch is the new world's normal epoch 1.
+    for rank, ds in enumerate(datasets):
+        fresh = ShardDataset(str(built), rank=rank, world_size=new[0], uneven=uneven, **OPTIONS)
+        fresh.set_epoch(1)
+        following = [_pairs(b) for b in _loader(ds, new[1])]
+        assert following == [_pairs(b) for b in _loader(fresh, new[1])]
+
+
+def test_a_resumed_pass_can_be_interrupted_and_resumed_again(built: Path) -> None:
+    """3 x 1 for 4 batches, 2 x 2 for 3 batches, then 4 x 0 to the end: once each."""
+    seen, state = _interrupted(built, 3, 1, 4, "drop")
+    second = []
+    states = []
+    for rank in range(2):
+        ds = ShardDataset(str(built), rank=rank, world_size=2, **OPTIONS)
+        ds.resume(state)
+        for step, batch in enumerate(_loader(ds, 2)):
+            second += _pairs(batch)
+            if step == 2:
+                states.append(ds.state_after(batch))
+                break
+    assert states[0] == states[1]
+    assert states[0]["history"] == [[3, 1, 4]] and states[0]["batches"] == 3
+    ranks, _ = _resumed(built, 4, 0, states[0], "drop")
+    after = [k for r in ranks for b in r for k, _ in b]
+    real = Counter([k for k, _ in seen + second] + after)
+    assert max(real.values()) == 1
+    # 103 - 103 % 3 = 102 assigned; 48 + 24 consumed; 30 left, 4 ranks: 7 each, 2 left out
+    assert len(seen) == 48 and len(second) == 24 and len(after) == 28
+    assert len(real) == 100
+    # Resuming the same state at its own world continues that pass (no new split).
+    same, _ = _resumed(built, 2, 2, states[0], "drop")
+    rest = Counter(k for r in same for b in r for k, _ in b)
+    assert max(rest.values()) == 1 and sum(rest.values()) == 30  # 2 ranks x (27 - 12)
+    assert set(rest).isdisjoint(k for k, _ in seen + second)
+    assert len(set(rest) | {k for k, _ in seen + second}) == 102  # all 102 once
+
+
+def test_torchdata_states_stay_in_their_world(built: Path) -> None:
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = ShardDataset(str(built), rank=0, world_size=2, **OPTIONS)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    other = StatefulDataLoader(
+        ShardDataset(str(built), rank=0, world_size=3, **OPTIONS), batch_size=None, num_workers=0
+    )
+    other.load_state_dict(state)
+    with pytest.raises(IncompatibleStateError, match=r"world_size.*state_after"):
+        next(iter(other))

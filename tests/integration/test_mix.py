@@ -1,0 +1,94 @@
+"""Mixtures in one process: class weights per source, NumPy batches, refusals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+
+from loader import IncompatibleStateError
+from loader.core import ShardStream
+from loader.groups import GroupedStream
+from loader.mix import MixedStream
+from loader.mixdataset import MixedDataset
+
+
+def test_class_weights_of_a_source_still_apply(built: Path, built_zstd: Path) -> None:
+    """built (60/30/13 over classes a/b/c) balanced inside a mixture: its classes come out even."""
+    balanced = ShardStream(str(built), class_weights="balanced", decode=True)
+    mix = MixedStream([balanced, str(built_zstd)], [0.5, 0.5], batch_size=10,
+                      samples_per_epoch=618)  # fmt: skip
+    assert mix.counts(1) == [309, 309]  # 3 laps of built's 103
+    labels: Counter[int] = Counter()
+    for batch in mix.iterate(0):
+        sources = batch["__source__"].tolist()
+        labels.update(c for c, s in zip(batch["cls"], sources, strict=True) if s == 0)
+    assert sum(labels.values()) == 309
+    # "balanced" resamples each lap to 35/34/34 of 103 (apportion), three laps
+    assert sorted(labels.values()) == [102, 102, 105]
+
+
+def test_numpy_mixture_slots_and_start(built: Path, built_zstd: Path) -> None:
+    mix = MixedStream([str(built), str(built_zstd)], [1, 3], batch_size=8, seed=3)
+    # N = 103 + 1001 = 1104: 276 and 828, over 2 ranks: 138 and 414 each
+    assert mix.counts(2) == [138, 414] and mix.samples_per_rank(2) == 552
+    slots = [list(mix.iterate(1, rank=1, world_size=2, worker=w, num_workers=2)) for w in (0, 1)]
+    assert [b["__position__"]["batch"] for b in slots[1]] == list(range(1, 69, 2))
+    assert sum(len(b["__key__"]) for s in slots for b in s) == 552
+    later = list(mix.iterate(1, rank=1, world_size=2, worker=1, num_workers=2, start=4))
+    assert [b["__key__"].tolist() for b in later] == [b["__key__"].tolist() for b in slots[1][4:]]
+
+
+def test_mixtures_resume_in_their_own_world_only(built: Path, built_zstd: Path) -> None:
+    ds = MixedDataset([str(built), str(built_zstd)], [1, 1], batch_size=8, rank=0, world_size=2)
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
+    state = ds.state_after(batch)
+    other = MixedDataset([str(built), str(built_zstd)], [1, 1], batch_size=8, rank=0, world_size=3)
+    with pytest.raises(IncompatibleStateError, match="same world size"):
+        other.resume(state)
+    with pytest.raises(IncompatibleStateError, match="weights"):
+        MixedDataset([str(built), str(built_zstd)], [1, 2], batch_size=8, rank=0,
+                     world_size=2).resume(state)  # fmt: skip
+    with pytest.raises(ValueError, match="one weight per source"):
+        MixedStream([str(built)], [1, 2], batch_size=8)
+    with pytest.raises(ValueError, match="batch_size"):
+        MixedStream([ShardStream(str(built), batch_size=4)], [1], batch_size=8)
+
+
+def test_groups_need_every_rank_once(built: Path) -> None:
+    from loader.errors import WorldMismatchError
+
+    with pytest.raises(WorldMismatchError, match="once each"):
+        GroupedStream([(str(built), [0, 1]), (str(built), [1, 2])], batch_size=4)
+    with pytest.raises(WorldMismatchError, match="fewer samples than one batch"):
+        GroupedStream([(str(built), [0, 1])], batch_size=64)
+    grouped = GroupedStream([(str(built), [0]), (str(built), [1, 2])], batch_size=4,
+                            steps_per_epoch=40)  # fmt: skip
+    # 40 steps x 4 = 160 samples per rank: the 2-rank group repeats (320 > 103)
+    keys = [k for b in grouped.iterate(0, rank=2) for k in b["__key__"].tolist()]
+    assert len(keys) == 160 and max(Counter(keys).values()) <= 4
+
+
+def test_mixture_resumes_through_torchdata(built: Path, built_zstd: Path) -> None:
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make() -> MixedDataset:
+        return MixedDataset([str(built), str(built_zstd)], [1, 2], batch_size=16,
+                            batching="per_source", rank=1, world_size=2)  # fmt: skip
+
+    def keys(loader: StatefulDataLoader) -> list[list[str]]:  # type: ignore[type-arg]
+        return [list(b["__key__"]) for b in loader]
+
+    whole = keys(StatefulDataLoader(make(), batch_size=None, num_workers=2))
+    assert len(whole) == len(make())
+    first = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    iterator, done = iter(first), []
+    for _ in range(5):
+        done.append(list(next(iterator)["__key__"]))
+    state = first.state_dict()
+    second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    second.load_state_dict(state)
+    assert done + keys(second) == whole
