@@ -36,10 +36,12 @@ TRANSIENT_ERRNOS = frozenset(
 )
 
 # Test-only hook (read by the Ray write task; never set it in production):
-# a folder in which the file ``fail-<shard>`` makes the next write of that
-# shard fail once with a transient EIO (the file is removed when it fires),
-# and ``hold-<shard>`` makes the write of that shard wait until the file is
-# removed (at most HOLD_LIMIT_S seconds).
+# a folder in which every write attempt appends ``<shard>`` to ``attempts``;
+# the file ``fail-<shard>`` makes the next write of that shard fail once with
+# a transient EIO (the file is removed when it fires), ``deny-<shard>`` makes
+# every write of it fail with EACCES (not transient), and ``hold-<shard>``
+# makes the write of that shard wait until the file is removed (at most
+# HOLD_LIMIT_S seconds).
 TEST_FAULTS_ENV = "SHARDPREP_TEST_FAULTS"
 HOLD_LIMIT_S = 120.0
 
@@ -82,12 +84,16 @@ def check_test_faults(shard: int) -> None:
     """The test-only hook (see ``TEST_FAULTS_ENV``); does nothing unless the variable is set.
 
     Raises:
-        OSError: EIO, once per ``fail-<shard>`` file.
+        OSError: EIO, once per ``fail-<shard>`` file; EACCES while ``deny-<shard>`` exists.
         TimeoutError: ``hold-<shard>`` was not removed within ``HOLD_LIMIT_S`` s.
     """
     folder = os.environ.get(TEST_FAULTS_ENV)
     if not folder:
         return
+    with open(os.path.join(folder, "attempts"), "a", encoding="utf-8") as log:
+        log.write(f"{shard}\n")
+    if os.path.exists(os.path.join(folder, f"deny-{shard}")):
+        raise OSError(errno.EACCES, f"injected lasting failure of shard {shard} (test hook)")
     try:
         os.remove(os.path.join(folder, f"fail-{shard}"))  # atomic: fires exactly once
     except FileNotFoundError:

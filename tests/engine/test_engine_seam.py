@@ -1,0 +1,77 @@
+"""The engine seam without Ray: option checks, the missing-extra error, retry classification."""
+
+from __future__ import annotations
+
+import errno
+import sys
+from pathlib import Path
+
+import pytest
+
+import shardprep
+from shardprep.engine import EngineOptions, open_engine
+from shardprep.engine.faults import TransientWriteError, classify
+from shardprep.errors import PlanError, WriteError
+from shardprep.inventory import PartRef, SampleRef
+from tests.processes import run_bounded
+
+
+def _sample(path: Path, size: int) -> SampleRef:
+    return SampleRef("k", 0, "k.bin", (PartRef("bin", str(path), -1, size),), None)
+
+
+def _failed(cause: OSError) -> WriteError:
+    err = WriteError(f"shard 2: {cause}", 2)
+    err.__cause__ = cause
+    return err
+
+
+def test_an_io_error_on_unchanged_sources_is_transient(tmp_path: Path) -> None:
+    (tmp_path / "k.bin").write_bytes(b"abc")
+    result = classify(_failed(OSError(errno.EIO, "flaky")), [_sample(tmp_path / "k.bin", 3)])
+    assert isinstance(result, TransientWriteError)
+    assert result.shard_index == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "size", "exists"),
+    [
+        (errno.EACCES, 3, True),  # permission: not passing
+        (errno.ENOSPC, 3, True),  # disk full: not passing
+        (errno.EIO, 4, True),  # the source changed size since the scan
+        (errno.EIO, 3, False),  # the source is gone
+    ],
+)
+def test_other_failures_are_not_retried(tmp_path: Path, code: int, size: int, exists: bool) -> None:
+    if exists:
+        (tmp_path / "k.bin").write_bytes(b"abc")
+    err = _failed(OSError(code, "failed"))
+    assert classify(err, [_sample(tmp_path / "k.bin", size)]) is err
+
+
+def test_unknown_engine_and_a_ray_address_without_ray_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="--engine must be one of local, ray"):
+        shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, engine="spark")
+    with pytest.raises(PlanError, match="--ray-address needs --engine ray"):
+        shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, ray_address="x:1")
+    with pytest.raises(PlanError, match="--engine must be one of"):
+        open_engine(EngineOptions(name="dask"))
+
+
+NO_RAY = """
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+from shardprep.cli import main
+main(["build", sys.argv[1], sys.argv[2], "-n", "1", "--engine", "ray", "-q"])
+"""
+
+
+def test_ray_missing_names_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.bin").write_bytes(b"x")
+    result = run_bounded(
+        [sys.executable, "-c", NO_RAY, str(tmp_path / "raw"), str(tmp_path / "out")], timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert 'pip install "shardprep[ray]"' in result.stderr
+    assert not (tmp_path / "out").exists()
