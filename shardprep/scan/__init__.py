@@ -100,7 +100,8 @@ def scan(
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
-    ``ordered_map`` (an engine's) runs those per-folder tasks instead.
+    ``ordered_map`` (an engine's) runs those per-folder tasks, and one task
+    per input tar, instead.
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -124,7 +125,7 @@ def scan(
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(os.path.abspath(raw), count, same_type_parts=not detected)
     else:
-        inventory = scan_tar_shards(os.path.abspath(raw), count)
+        inventory = scan_tar_shards(os.path.abspath(raw), count, ordered_map)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
     try:

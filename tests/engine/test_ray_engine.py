@@ -64,6 +64,7 @@ class Data:
         for name, raw, options in (
             ("folders", self.class_folders, {}),
             ("listing", self.listing, {"compression": "zstd"}),
+            ("tar", base / "folders-local-1", {}),  # re-shard a shardprep output: tar input
         ):
             outputs = []
             for workers in (1, 2):
@@ -113,6 +114,14 @@ def test_listing_on_ray_is_byte_identical_to_local(data: Data, cluster: str) -> 
         progress=False,
     )
     assert _files(out) == data.reference["listing"]
+
+
+def test_tar_input_on_ray_is_byte_identical_to_local(data: Data, cluster: str) -> None:
+    out = data.base / "tar-ray"
+    shardprep.build(
+        str(data.base / "folders-local-1"), str(out), shards=SHARDS, engine="ray", progress=False
+    )
+    assert _files(out) == data.reference["tar"]
 
 
 def _attempts(data: Data) -> list[int]:
