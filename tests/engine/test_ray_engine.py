@@ -160,6 +160,42 @@ def test_a_lasting_failure_is_not_retried_and_fails_the_build(data: Data, cluste
     assert not (out / "manifest.json").exists()
 
 
+def _wait_for_first_shard(driver: subprocess.Popen[bytes], out: Path) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not (out / "shard-00000.tar").exists():  # a shard written: mid-build
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the driver wrote no shard in time"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_cancels_the_ray_tasks_and_resume_finishes(data: Data, cluster: str) -> None:
+    out = data.base / "folders-ctrl-c"
+    (data.faults / "hold-5").touch()  # shard 5 waits: the build cannot finish before Ctrl-C
+    command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
+    command += ["-n", str(SHARDS), "--engine", "ray", "--ray-address", cluster]
+    driver = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_for_first_shard(driver, out)
+        driver.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends
+        _, stderr = driver.communicate(timeout=DEADLINE_S)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        (data.faults / "hold-5").unlink(missing_ok=True)
+    assert driver.returncode == 130, stderr.decode()
+    assert "run the same command with --resume" in stderr.decode()
+    assert not list(out.glob(".*.partial"))  # the held task was cancelled, its file removed
+    assert not (out / "shard-00005.tar").exists()
+    summary = shardprep.build(
+        str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
+    )
+    assert 1 <= summary.reused_shards < SHARDS
+    assert _files(out) == data.reference["folders"]
+
+
 def _session_pids(sid: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
@@ -189,11 +225,8 @@ def test_a_killed_ray_driver_is_finished_with_resume(data: Data, cluster: str) -
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
+        _wait_for_first_shard(driver, out)
         deadline = time.monotonic() + DEADLINE_S
-        while not (out / "shard-00000.tar").exists():  # a shard written: mid-build
-            assert driver.poll() is None, driver.communicate()
-            assert time.monotonic() < deadline, "the driver wrote no shard in time"
-            time.sleep(0.05)
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and its process group
         driver.communicate(timeout=30)
         # Ray's own processes of that session die with their driver (fate sharing).
