@@ -23,6 +23,7 @@ filesystem); shardprep itself must be importable on every node.
 from __future__ import annotations
 
 import os
+import socket
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ R = TypeVar("R")
 MAX_RETRIES = 3  # Ray's per-task retry budget, for lost workers and transient errors alike
 CANCEL_WAIT_S = 60.0  # how long a failed or interrupted build waits for cancelled tasks
 POLL_S = 0.5
+CONNECT_TIMEOUT_S = 10.0
 
 
 def import_ray() -> Any:
@@ -57,6 +59,27 @@ def import_ray() -> Any:
             f"(it could not be imported: {err})"
         ) from err
     return ray
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse a ``host:port`` cluster address that does not answer within ``timeout`` s.
+
+    (``ray.init`` itself retries an unreachable GCS for minutes.) Other forms
+    (``auto``, ``local``, ``ray://...``) are left to Ray.
+
+    Raises:
+        PlanError: nothing accepts TCP connections at ``address``.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise PlanError(
+            f"--ray-address {address}: no Ray cluster answers there ({err.strerror or err}); "
+            "start one (ray start --head) or give the address `ray status` prints"
+        ) from err
 
 
 def _call(fn: Callable[[T], R], item: T) -> R:
@@ -103,6 +126,8 @@ class RayEngine:
             yield cls(ray)
             return
         address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            check_reachable(address)
         kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
         if address is None:
             kwargs["include_dashboard"] = False

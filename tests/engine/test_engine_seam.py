@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import socket
 import sys
 from pathlib import Path
 
@@ -74,4 +75,23 @@ def test_ray_missing_names_the_extra(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert 'pip install "shardprep[ray]"' in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.bin").write_bytes(b"x")
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(PlanError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster answers"):
+        shardprep.build(
+            str(tmp_path / "raw"),
+            str(tmp_path / "out"),
+            shards=1,
+            engine="ray",
+            ray_address=f"127.0.0.1:{port}",
+            progress=False,
+        )
     assert not (tmp_path / "out").exists()
