@@ -22,7 +22,7 @@ see docs/architecture.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -53,10 +53,11 @@ class Engine(Protocol):
 
     name: str
 
-    def ordered_map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """``fn(item)`` for each item, possibly in parallel; results in item order.
 
-        ``fn`` must be a module-level function and items picklable. An
+        ``fn`` must be a module-level function and items picklable; ``items``
+        is iterated once, lazily (a bounded number of items in flight). An
         exception raised by ``fn`` is re-raised here, as raised.
         """
         ...

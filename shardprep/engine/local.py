@@ -10,7 +10,9 @@ report and returns only once all of them have stopped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Sequence
+import itertools
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,18 +42,27 @@ class LocalEngine:
         """The engine for ``options`` (an :class:`~shardprep.engine.EngineOptions`)."""
         yield cls(options.workers)
 
-    def ordered_map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        """``fn`` over ``items`` in worker processes; results in item order, each dropped once yielded."""
-        if self.workers == 1 or len(items) <= 1:
-            for item in items:
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """``fn`` over ``items`` in worker processes; results in item order.
+
+        At most ``2 x workers`` items are in flight (``items`` may be a
+        generator that reads its input lazily); each result is dropped once
+        yielded. One worker, or a single item: everything runs here.
+        """
+        queue = iter(items)
+        head = list(itertools.islice(queue, 2))
+        if self.workers == 1 or len(head) < 2:
+            for item in itertools.chain(head, queue):
                 yield fn(item)
             return
-        with worker_pool(min(self.workers, len(items))) as pool:
-            futures = [pool.executor.submit(fn, item) for item in reversed(items)]
-            while futures:
-                while not pool.wait(futures[-1:]):
-                    pass
-                yield futures.pop().result()
+        with worker_pool(self.workers) as pool:
+            pending: deque[Future[R]] = deque()
+            for item in itertools.chain(head, queue):
+                pending.append(pool.executor.submit(fn, item))
+                while len(pending) >= 2 * self.workers:
+                    yield _next_result(pool, pending)
+            while pending:
+                yield _next_result(pool, pending)
 
     def write_shards(
         self, context: WriteContext, todo: Sequence[int], progress: Callable[[int], None]
@@ -63,6 +74,13 @@ class LocalEngine:
                 yield shard, context.write(shard, progress)
             return
         yield from _write_parallel(context, todo, workers, progress)
+
+
+def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
+    """The oldest pending task's result (waiting for it in short, Ctrl-C-aware steps)."""
+    while not pool.wait([pending[0]]):
+        pass
+    return pending.popleft().result()
 
 
 class _Stopped(Exception):

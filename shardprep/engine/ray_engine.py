@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -139,7 +139,7 @@ class RayEngine:
         finally:
             ray.shutdown()
 
-    def ordered_map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """One Ray task per item, ``window`` in flight; results in item order."""
         pending: deque[Any] = deque()
         try:

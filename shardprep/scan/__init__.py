@@ -100,8 +100,8 @@ def scan(
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
-    ``ordered_map`` (an engine's) runs those per-folder tasks, and one task
-    per input tar, instead.
+    ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
+    input tar and one per chunk of listing rows, instead.
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -119,7 +119,7 @@ def scan(
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(raw, count, path_column, label_column)
+        inventory = scan_listing(raw, count, path_column, label_column, ordered_map)
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map)
     elif fmt is InputFormat.KEYED:

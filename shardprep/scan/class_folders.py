@@ -7,7 +7,7 @@ files may sit at any depth below their class folder. Metadata only.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardprep.errors import InputError
@@ -41,7 +41,7 @@ def class_folder_names(root: str) -> list[str]:
     return sorted(names)
 
 
-OrderedMap = Callable[[Callable[[Any], Any], Sequence[Any]], Iterable[Any]]
+OrderedMap = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 def scan_class_folders(

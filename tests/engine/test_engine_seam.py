@@ -7,13 +7,16 @@ import socket
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import shardprep
 from shardprep.engine import EngineOptions, open_engine
 from shardprep.engine.faults import TransientWriteError, classify
-from shardprep.errors import PlanError, WriteError
+from shardprep.engine.local import LocalEngine
+from shardprep.errors import InputError, PlanError, WriteError
 from shardprep.inventory import PartRef, SampleRef
+from shardprep.scan import listing, scan
 from tests.processes import run_bounded
 
 
@@ -95,3 +98,48 @@ def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
             progress=False,
         )
     assert not (tmp_path / "out").exists()
+
+
+def _listing_with_problems(root: Path) -> Path:
+    rows = ["path,label,note"]
+    for i in range(23):
+        if i not in (4, 17):
+            (root / f"{i:02d}.bin").write_bytes(b"x" * i)
+        rows.append(f"{i:02d}.bin,{'' if i % 5 == 2 else 'c' + str(i % 3)},n{i}")
+    (root / "l.csv").write_text("\n".join(rows) + "\n")
+    return root / "l.csv"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_listing_scanned_in_chunks_gives_the_same_inventory_and_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    path = _listing_with_problems(tmp_path)
+    with pytest.raises(InputError) as whole:
+        scan(str(path))
+    (tmp_path / "04.bin").write_bytes(b"")
+    (tmp_path / "17.bin").write_bytes(b"")
+    with pytest.raises(InputError) as whole_unlabelled:
+        scan(str(path))
+    path.write_text(path.read_text().replace(",,", ",c9,"))
+    reference = scan(str(path))
+    path.write_text(path.read_text().replace(",c9,", ",,"))
+    (tmp_path / "04.bin").unlink()
+    (tmp_path / "17.bin").unlink()
+    monkeypatch.setattr(listing, "CHUNK_ROWS", 3)  # 8 chunks, merged in order
+    engine = LocalEngine(workers)
+    with pytest.raises(InputError) as chunked:
+        scan(str(path), ordered_map=engine.ordered_map)
+    assert str(chunked.value) == str(whole.value)
+    (tmp_path / "04.bin").write_bytes(b"")
+    (tmp_path / "17.bin").write_bytes(b"")
+    with pytest.raises(InputError) as chunked_unlabelled:
+        scan(str(path), ordered_map=engine.ordered_map)
+    assert str(chunked_unlabelled.value) == str(whole_unlabelled.value)
+    path.write_text(path.read_text().replace(",,", ",c9,"))
+    inventory = scan(str(path), ordered_map=engine.ordered_map)
+    assert inventory.class_names == reference.class_names == ("c0", "c1", "c2", "c9")
+    for column in ("stem_end", "label", "part_size", "meta_end"):
+        assert np.array_equal(getattr(inventory, column), getattr(reference, column)), column
+    assert inventory.stem_blob == reference.stem_blob
+    assert inventory.meta_blob == reference.meta_blob

@@ -24,6 +24,7 @@ import pytest
 import shardprep
 from shardprep.engine.faults import TEST_FAULTS_ENV
 from shardprep.errors import WriteError
+from shardprep.scan import listing
 from tests.conftest import payload, write_class_folders
 
 ray = pytest.importorskip("ray")
@@ -78,8 +79,10 @@ class Data:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
-    return Data(tmp_path_factory.mktemp("engine"))
+def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(listing, "CHUNK_ROWS", 16)  # the 90-row listing is scanned in 6 tasks
+        yield Data(tmp_path_factory.mktemp("engine"))
 
 
 @pytest.fixture(scope="module")
