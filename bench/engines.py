@@ -48,7 +48,7 @@ def measure(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, An
     started = time.perf_counter()
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, cwd=tempfile.gettempdir(),  # not the checkout: PYTHONPATH decides
     )  # fmt: skip
     peaks = [0, 0]
     stop = threading.Event()
