@@ -96,7 +96,7 @@ def _write(task: ShardTask) -> ShardRecord:
             raise WriteError(f"shard {task.index}: {err}", task.index) from err
         return task.run()
     except WriteError as err:
-        raise classify(err, task.samples) from err.__cause__
+        raise classify(err, task.samples()) from err.__cause__
 
 
 class RayEngine:

@@ -2,9 +2,13 @@
 
 :class:`WriteContext` holds what the driver knows (inventory, selection,
 plan); :meth:`WriteContext.task` cuts out one shard's :class:`ShardTask`:
-its samples in write order (one shard's metadata, no more) and the output
-options. A task's output depends on nothing else, which is what makes the
-output byte-identical whatever engine, process or node runs it.
+its samples' metadata in write order, as numpy columns (an
+:class:`~shardprep.inventory.Inventory` and a
+:class:`~shardprep.weighting.Selection` of that shard only: cheap to cut
+and to pickle, no Python object per sample), and the output options. The
+task turns its columns into ``SampleRef``s where it runs. A task's output
+depends on nothing else, which is what makes the output byte-identical
+whatever engine, process or node runs it.
 """
 
 from __future__ import annotations
@@ -26,17 +30,22 @@ class ShardTask:
     """Everything needed to write shard ``index``: its samples in order and the output options."""
 
     index: int
-    samples: list[SampleRef]
+    inventory: Inventory  # this shard's samples only, in write order
+    selection: Selection  # their copy numbers and weights
     out: str
     num_classes: int
     compression: str
     zstd_level: int
 
+    def samples(self) -> list[SampleRef]:
+        """The shard's samples in write order."""
+        return self.selection.samples(self.inventory, np.arange(len(self.inventory)))
+
     def run(self, progress: Any = None) -> ShardRecord:
         """Write the shard (see :func:`shardprep.write.write_shard`)."""
         return write_shard(
             self.index,
-            self.samples,
+            self.samples(),
             self.out,
             self.num_classes,
             self.compression,
@@ -66,9 +75,16 @@ class WriteContext:
 
     def task(self, shard: int) -> ShardTask:
         """The self-contained task that writes shard ``shard``."""
+        positions = self.plan[shard]
         num_classes = len(self.inventory.class_names or ())
         return ShardTask(
-            shard, self.samples(shard), self.out, num_classes, self.compression, self.zstd_level
+            shard,
+            self.inventory.subset(self.selection.source[positions]),
+            self.selection.subset(positions),
+            self.out,
+            num_classes,
+            self.compression,
+            self.zstd_level,
         )
 
     def write(self, shard: int, progress: Any = None) -> ShardRecord:
