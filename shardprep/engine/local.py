@@ -16,11 +16,14 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.tasks import WriteContext
 from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord
+
+if TYPE_CHECKING:
+    from shardprep.engine import EngineOptions
 
 __all__ = ["LocalEngine"]
 
@@ -38,7 +41,7 @@ class LocalEngine:
 
     @classmethod
     @contextmanager
-    def open(cls, options: Any) -> Iterator[LocalEngine]:
+    def open(cls, options: EngineOptions) -> Iterator[LocalEngine]:
         """The engine for ``options`` (an :class:`~shardprep.engine.EngineOptions`)."""
         yield cls(options.workers)
 

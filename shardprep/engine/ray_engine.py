@@ -27,12 +27,15 @@ import socket
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
 from shardprep.engine.tasks import ShardTask, WriteContext
 from shardprep.errors import PlanError, ShardprepError, WriteError
 from shardprep.write import ShardRecord
+
+if TYPE_CHECKING:
+    from shardprep.engine import EngineOptions
 
 __all__ = ["RayEngine", "import_ray"]
 
@@ -115,7 +118,7 @@ class RayEngine:
 
     @classmethod
     @contextmanager
-    def open(cls, options: Any) -> Iterator[RayEngine]:
+    def open(cls, options: EngineOptions) -> Iterator[RayEngine]:
         """Join the cluster (``options.ray_address``, else RAY_ADDRESS) or start a local instance.
 
         A Ray connection that already exists in this process is used as is

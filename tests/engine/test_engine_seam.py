@@ -143,3 +143,10 @@ def test_a_listing_scanned_in_chunks_gives_the_same_inventory_and_errors(
         assert np.array_equal(getattr(inventory, column), getattr(reference, column)), column
     assert inventory.stem_blob == reference.stem_blob
     assert inventory.meta_blob == reference.meta_blob
+
+
+def test_ray_is_imported_only_by_a_ray_build() -> None:
+    from tests.unit.test_layering import _imported_after
+
+    modules = ("shardprep.cli", "shardprep.build", "shardprep.engine.local")
+    assert _imported_after((*modules, "shardprep.engine.ray_engine"), ("ray", "torch")) == []
