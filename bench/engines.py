@@ -7,6 +7,10 @@ outside it, and given as ``wall_s``), and the peak PSS and peak anonymous
 memory of the whole tree (driver, workers, and for a local Ray instance its
 raylet, GCS and workers), sampled every 20 ms from ``/proc/<pid>/smaps_rollup``.
 
+Variant ``ray-nice0`` is ``ray`` with ``RAY_worker_niceness=0``: Ray runs its
+workers at nice 15 by default, which on a machine shared with other jobs
+starves them (on a dedicated node it changes nothing).
+
 ``--base DIR``: also run the shardprep found in DIR (an unpacked older
 commit, e.g. ``git archive <commit> | tar -x -C DIR``) as variant ``base``.
 """
@@ -101,6 +105,9 @@ def main() -> None:
                 cmd += ["-n", str(args.shards), "--workers", str(args.workers), "--json"]
                 if variant == "base":
                     env["PYTHONPATH"] = args.base
+                elif variant == "ray-nice0":  # Ray's workers at the driver's priority
+                    env["RAY_worker_niceness"] = "0"
+                    cmd += ["--engine", "ray"]
                 else:
                     cmd += ["--engine", variant]
                 try:
