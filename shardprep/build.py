@@ -14,7 +14,6 @@ import json
 import os
 import re
 import time
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shardprep.config import BuildConfig, default_workers
+from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
 from shardprep.errors import BuildInterrupted, InputError, OutputError, WriteError
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records, write_manifest
@@ -30,8 +30,7 @@ from shardprep.plan import plan_shards
 from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.shardformat import MANIFEST_NAME, shard_name
 from shardprep.weighting import Selection, select_samples
-from shardprep.workers import mp_context, worker_pool
-from shardprep.write import ShardRecord, record_from_files, write_shard
+from shardprep.write import ShardRecord, record_from_files
 
 __all__ = ["BuildSummary", "build"]
 
@@ -85,10 +84,12 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
+    engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
     try:
         _check_out(out, config)
+        engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # → Inventory: one entry per sample, metadata only
-        inventory, layout = _scan(raw, config)
+        inventory, layout = _scan(raw, config, engine)
         # → Selection: which inventory samples are written, and how many copies
         selection = select_samples(inventory, config)
         # → Plan: per shard, the selected samples' positions in write order
@@ -101,7 +102,10 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         journal = _journal(out, config, fingerprint)
         stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
         # → ShardRecords in shard order, then the manifest (its presence means "complete")
-        records, reused = _write_all(inventory, selection, plan, out, config)
+        context = WriteContext(
+            inventory, selection, plan, out, config.compression, config.zstd_level
+        )
+        records, reused = _write_all(engine, context, config)
         manifest = manifest_from_records(
             records,
             config.output_options(),
@@ -115,11 +119,23 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         elapsed = time.perf_counter() - started
         return _summary(out, layout, detected, manifest, inventory, elapsed, reused)
     except BaseException as err:
-        if stage is _Stage.WRITE:  # every worker has stopped: no partial file is being written
+        if stage is _Stage.WRITE:  # every task has stopped: no partial file is being written
             _remove_partial_files(out)
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, BuildInterrupted):
             raise _interrupted(out, config, stage) from err
         raise
+    finally:
+        engine_scope.close()
+
+
+def _engine_options(config: BuildConfig) -> EngineOptions:
+    """Which engine runs the parallel stages, and with how many workers."""
+    return EngineOptions(
+        name=config.engine,
+        workers=config.workers or default_workers(),
+        workers_given=config.workers is not None,
+        ray_address=config.ray_address,
+    )
 
 
 class _Stage(Enum):
@@ -209,7 +225,7 @@ def _prepare_out(out: str, config: BuildConfig) -> None:
         ) from err
 
 
-def _scan(raw: str, config: BuildConfig) -> tuple[Inventory, InputFormat]:
+def _scan(raw: str, config: BuildConfig, engine: Engine) -> tuple[Inventory, InputFormat]:
     """The inventory of ``raw`` and its layout (auto-detected unless --format gave one)."""
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
@@ -225,6 +241,7 @@ def _scan(raw: str, config: BuildConfig) -> tuple[Inventory, InputFormat]:
             label_column=config.label_column,
             workers=config.workers or default_workers(),
             detected=detected,
+            ordered_map=engine.ordered_map,
         )
     return inventory, layout
 
@@ -285,95 +302,30 @@ def _journal(out: str, config: BuildConfig, fingerprint: str) -> str:
     return path
 
 
-# --- writing in parallel ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _WriteContext:
-    """Everything a worker needs to write any shard; inherited once per worker process."""
-
-    inventory: Inventory
-    selection: Selection
-    plan: list[np.ndarray]
-    out: str
-    compression: str
-    zstd_level: int
-
-    def samples(self, shard: int) -> list[SampleRef]:
-        return self.selection.samples(self.inventory, self.plan[shard])
-
-    def write(self, shard: int, progress: Any = None) -> ShardRecord:
-        num_classes = len(self.inventory.class_names or ())
-        return write_shard(
-            shard,
-            self.samples(shard),
-            self.out,
-            num_classes,
-            self.compression,
-            self.zstd_level,
-            progress,
-        )
-
-
-class _Stopped(Exception):
-    """Raised in a worker at its next progress report once the build is stopping."""
-
-
-@dataclass(frozen=True)
-class _Channel:
-    """Shared between the build and its workers: samples written, and "stop now"."""
-
-    written: Any  # multiprocessing.Value("q")
-    stop: Any  # multiprocessing.Event
-
-    def count(self, n: int) -> None:
-        if self.stop.is_set():
-            raise _Stopped
-        with self.written.get_lock():
-            self.written.value += n
-
-
-_worker_state: tuple[_WriteContext, _Channel] | None = None  # set once per worker process
-
-
-def _init_worker(context: _WriteContext, channel: _Channel) -> None:
-    global _worker_state
-    _worker_state = (context, channel)
-
-
-def _write_in_worker(shard: int) -> ShardRecord:
-    if _worker_state is None:
-        raise RuntimeError("worker used before _init_worker")
-    context, channel = _worker_state
-    return context.write(shard, channel.count)
+# --- writing, on the engine ----------------------------------------------------
 
 
 def _write_all(
-    inventory: Inventory,
-    selection: Selection,
-    plan: list[np.ndarray],
-    out: str,
+    engine: Engine,
+    context: WriteContext,
     config: BuildConfig,
 ) -> tuple[list[ShardRecord], int]:
     """Write every shard not already finished; returns records in shard order and #reused."""
+    out, plan = context.out, context.plan
     records: dict[int, ShardRecord] = {}
     if config.resume:
         for shard in range(len(plan)):
             if os.path.exists(os.path.join(out, shard_name(shard, config.compression))):
                 records[shard] = record_from_files(out, shard, config.compression)
     todo = [s for s in range(len(plan)) if s not in records]
-    context = _WriteContext(inventory, selection, plan, out, config.compression, config.zstd_level)
     total = sum(len(plan[s]) for s in todo)
-    workers = min(config.num_workers(), max(1, len(todo)))
     try:
-        if workers == 1:
-            with _Bar(
-                total=total, desc="write", unit=" samples", disable=not config.progress
-            ) as bar:
-                for shard in todo:
-                    records[shard] = context.write(shard, bar.update)
-        else:
-            records.update(_write_parallel(context, todo, workers, total, config.progress))
+        with (
+            _Bar(total=total, desc="write", unit=" samples", disable=not config.progress) as bar,
+            contextlib.closing(engine.write_shards(context, todo, bar.update)) as written,
+        ):
+            for shard, record in written:
+                records[shard] = record
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
         if changed is None:
@@ -403,35 +355,6 @@ def _changed_source(samples: list[SampleRef]) -> str | None:
             if part.offset >= 0 and size < part.offset + part.size:
                 return f"{part.path} was truncated ({size} bytes)"
     return None
-
-
-def _write_parallel(
-    context: _WriteContext, todo: list[int], workers: int, total: int, progress: bool
-) -> dict[int, ShardRecord]:
-    """Write shards ``todo`` over ``workers`` processes.
-
-    The first failure or Ctrl-C stops the rest within one zstd frame's worth of
-    writing per worker (they give up at their next progress report), and this
-    returns or raises only once every worker has stopped.
-    """
-    mp = mp_context()
-    channel = _Channel(mp.Value("q", 0), mp.Event())
-    records: dict[int, ShardRecord] = {}
-    with (
-        _Bar(total=total, desc="write", unit=" samples", disable=not progress) as bar,
-        worker_pool(workers, _init_worker, (context, channel), stop=channel.stop.set) as pool,
-    ):
-        pending: dict[Future[ShardRecord], int] = {
-            pool.executor.submit(_write_in_worker, shard): shard for shard in todo
-        }
-        while pending:
-            done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C
-            bar.update(channel.written.value - bar.n)
-            for future in done:
-                shard = pending.pop(future)
-                records[shard] = future.result()  # re-raises the worker's WriteError
-        bar.update(channel.written.value - bar.n)
-    return records
 
 
 def _summary(

@@ -66,6 +66,19 @@ def cli() -> None:
     help="Writer processes [default: CPU count].",
 )
 @click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where scan and write tasks run: this machine's processes, or a Ray cluster "
+    '(pip install "shardprep[ray]").',
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="Ray cluster to join with --engine ray [default: $RAY_ADDRESS, else a local instance].",
+)
+@click.option(
     "--compress",
     "compression",
     type=click.Choice(["none", "zstd"]),

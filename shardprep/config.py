@@ -14,6 +14,7 @@ from shardprep.errors import PlanError
 __all__ = ["BuildConfig", "default_workers"]
 
 COMPRESSIONS = ("none", "zstd")
+ENGINES = ("local", "ray")
 
 
 def default_workers() -> int:
@@ -28,8 +29,8 @@ def default_workers() -> int:
 class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
-    ``workers``, ``overwrite``, ``resume`` and ``progress`` change how the build
-    runs, never what it writes.
+    ``workers``, ``engine``, ``ray_address``, ``overwrite``, ``resume`` and
+    ``progress`` change how the build runs, never what it writes.
     """
 
     shards: int
@@ -45,6 +46,8 @@ class BuildConfig:
     weights_only: bool = False
     allow_zero_weights: bool = False
     workers: int | None = None
+    engine: str = "local"
+    ray_address: str | None = None
     overwrite: bool = False
     resume: bool = False
     progress: bool = True
@@ -60,6 +63,10 @@ class BuildConfig:
             raise PlanError(f"--zstd-level must be between 1 and 22 (got {self.zstd_level})")
         if self.workers is not None and self.workers < 1:
             raise PlanError(f"--workers must be at least 1 (got {self.workers})")
+        if self.engine not in ENGINES:
+            raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
+        if self.ray_address is not None and self.engine != "ray":
+            raise PlanError("--ray-address needs --engine ray")
         if self.num_samples is not None and self.num_samples < 1:
             raise PlanError(f"--num-samples must be at least 1 (got {self.num_samples})")
         if self.overwrite and self.resume:
@@ -74,7 +81,7 @@ class BuildConfig:
 
     def output_options(self) -> dict[str, Any]:
         """The options recorded in the manifest: exactly those that affect the output bytes."""
-        runtime = {"workers", "overwrite", "resume", "progress"}
+        runtime = {"workers", "engine", "ray_address", "overwrite", "resume", "progress"}
         return {k: v for k, v in asdict(self).items() if k not in runtime}
 
     def num_workers(self) -> int:

@@ -150,12 +150,71 @@ class Inventory:
             refs.append(SampleRef(key_from_stem(stem), labels[k], source, tuple(parts), meta))
         return refs
 
+    def subset(self, indices: npt.NDArray[np.integer]) -> Inventory:
+        """The samples at ``indices`` (in that order, repeats allowed) as an Inventory of their own.
+
+        Numpy gathers only, no Python object per sample: this is how one
+        shard's metadata travels to the process or node that writes it.
+        ``samples(arange(len(indices)))`` of the result equals
+        ``samples(indices)`` of this one.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        stem_end, stem_blob = _gather_blob(self.stem_blob, self.stem_end, idx)
+        first, last = (
+            self.part_start[idx].astype(np.int64),
+            self.part_start[idx + 1].astype(np.int64),
+        )
+        lengths = last - first
+        parts_at = _ranges(first, lengths)
+        meta_end, meta_blob = (
+            _gather_blob(self.meta_blob, self.meta_end, idx)
+            if self.meta_end is not None
+            else (None, b"")
+        )
+        used, container = np.unique(self.container[idx], return_inverse=True)
+        return Inventory(
+            root=self.root,
+            class_names=self.class_names,
+            exts=self.exts,
+            containers=tuple(self.containers[c] for c in used.tolist()),
+            stem_blob=stem_blob,
+            stem_end=stem_end,
+            label=self.label[idx],
+            container=container.astype(np.uint32).reshape(-1),
+            part_start=np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64),
+            part_ext=self.part_ext[parts_at],
+            part_size=self.part_size[parts_at],
+            part_offset=self.part_offset[parts_at],
+            meta_blob=meta_blob,
+            meta_end=meta_end,
+        )
+
     def class_counts(self) -> list[int]:
         """Number of samples per class index (empty list when unlabelled)."""
         if self.class_names is None:
             return []
         counts: list[int] = np.bincount(self.label, minlength=len(self.class_names)).tolist()
         return counts
+
+
+def _ranges(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Concatenation of ``arange(start, start + length)`` for each pair."""
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
+def _gather_blob(
+    blob: bytes, ends: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint64], bytes]:
+    """Entries ``idx`` of a blob column (``ends`` are cumulative end offsets): new ends, new blob."""
+    all_ends = ends.astype(np.int64)
+    starts = np.where(idx > 0, all_ends[idx - 1], 0) if len(idx) else np.zeros(0, np.int64)
+    lengths = all_ends[idx] - starts
+    data = np.frombuffer(blob, dtype=np.uint8)[_ranges(starts, lengths)].tobytes()
+    return np.cumsum(lengths).astype(np.uint64), data
 
 
 def blob_slice(

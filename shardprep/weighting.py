@@ -76,6 +76,21 @@ class Selection:
                 refs[k] = ref._replace(**changes)
         return refs
 
+    def subset(self, positions: IntArray) -> Selection:
+        """Written samples ``positions`` as a selection of ``inventory.subset(source[positions])``.
+
+        Its sample ``k`` is this selection's sample ``positions[k]``, with
+        the same copy number, multiplicity and weight.
+        """
+        k = len(positions)
+        return Selection(
+            np.arange(k, dtype=np.int64),
+            self.copy[positions],
+            self.multiplicity[positions] if self.multiplicity is not None else None,
+            self.weight[self.source[positions]] if self.weight is not None else None,
+            self.section,
+        )
+
     def manifest_section(self, inventory: Inventory) -> dict[str, Any]:
         """Extra manifest fields (empty when nothing was reweighted)."""
         return {"class_weighting": self.section} if self.section else {}

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
-from shardprep.scan.class_folders import scan_class_folders
+from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
 from shardprep.scan.tar_shards import scan_tar_shards
@@ -95,10 +95,13 @@ def scan(
     label_column: str | None = None,
     workers: int = 1,
     detected: bool = False,
+    ordered_map: OrderedMap | None = None,
 ) -> Inventory:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
-    ``workers`` > 1 scans class folders in parallel processes (same result).
+    ``workers`` > 1 scans class folders in parallel processes (same result);
+    ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
+    input tar and one per chunk of listing rows, instead.
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -116,13 +119,13 @@ def scan(
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(raw, count, path_column, label_column)
+        inventory = scan_listing(raw, count, path_column, label_column, ordered_map)
     elif fmt is InputFormat.CLASS_FOLDERS:
-        inventory = scan_class_folders(os.path.abspath(raw), count, workers)
+        inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map)
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(os.path.abspath(raw), count, same_type_parts=not detected)
     else:
-        inventory = scan_tar_shards(os.path.abspath(raw), count)
+        inventory = scan_tar_shards(os.path.abspath(raw), count, ordered_map)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
     try:

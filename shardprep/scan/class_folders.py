@@ -7,6 +7,8 @@ files may sit at any depth below their class folder. Metadata only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from shardprep.errors import InputError
 from shardprep.inventory import Inventory, InventoryBuilder
@@ -39,17 +41,29 @@ def class_folder_names(root: str) -> list[str]:
     return sorted(names)
 
 
-def scan_class_folders(root: str, tick: Tick, workers: int = 1) -> Inventory:
+OrderedMap = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+
+
+def scan_class_folders(
+    root: str, tick: Tick, workers: int = 1, ordered_map: OrderedMap | None = None
+) -> Inventory:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
 
-    With ``workers > 1`` class folders are scanned in parallel processes and
-    merged in class order, so the result is the same as a serial scan.
+    One task per class folder. With ``workers > 1`` class folders are scanned
+    in parallel processes; ``ordered_map(fn, jobs)`` (an engine's, see
+    :mod:`shardprep.engine`) runs them wherever it runs tasks instead. Either
+    way the parts are merged in class order, so the result is the same as a
+    serial scan.
     """
     classes = class_folder_names(root)
     builder = InventoryBuilder(root)
     problems = Problems()
     jobs = [(root, label, name) for label, name in enumerate(classes)]
-    if workers > 1 and len(classes) > 1:
+    if ordered_map is not None:
+        results: Iterator[tuple[InventoryBuilder, Problems]] = iter(ordered_map(_scan_class, jobs))
+        for part, part_problems in results:  # merged one at a time, in class order
+            _merge(builder, problems, part, part_problems, tick)
+    elif workers > 1 and len(classes) > 1:
         with worker_pool(workers) as pool:
             futures = [pool.executor.submit(_scan_class, job) for job in reversed(jobs)]
             # Merged one at a time, in class order, and dropped once merged.

@@ -33,6 +33,10 @@ class LabelTable:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def texts(self) -> list[str]:
+        """The interned texts, by provisional id."""
+        return list(self._ids)
+
     def finish(self) -> tuple[tuple[str, ...], npt.NDArray[np.int32]]:
         """Final (class names, provisional id → class index mapping)."""
         texts = list(self._ids)

@@ -13,10 +13,14 @@ import json
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from shardprep.errors import InputError
 from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import Problems, Tick
 
@@ -65,12 +69,24 @@ def _rows(listing: str) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, row
 
 
+CHUNK_ROWS = 20_000  # rows per scan task
+
+
 def scan_listing(
-    listing: str, tick: Tick, path_column: str = "path", label_column: str | None = None
+    listing: str,
+    tick: Tick,
+    path_column: str = "path",
+    label_column: str | None = None,
+    ordered_map: OrderedMap | None = None,
 ) -> Inventory:
     """Inventory of the files a listing names.
 
     ``label_column=None`` uses a ``label`` column when the listing has one.
+    The rows are read here and checked and stat-ed in chunks of
+    ``CHUNK_ROWS``, one task each, run by ``ordered_map`` (an engine's, see
+    :mod:`shardprep.engine`) when given; chunks are merged in row order with
+    their labels interned in that order, so the result is the same as a
+    serial scan.
 
     Raises:
         InputError: missing column, a path outside the listing's folder, a
@@ -78,23 +94,103 @@ def scan_listing(
     """
     root = os.path.dirname(os.path.abspath(listing))
     builder = InventoryBuilder(root, with_meta=True)
-    labels, problems, confined = LabelTable(), Problems(), _Confinement(root)
-    first, labelled_line, unlabelled = True, 0, 0
+    labels, problems = LabelTable(), Problems()
+    labelled_line, unlabelled = 0, 0
     unlabelled_lines: list[int] = []
-    for number, row in _rows(listing):
+    chunks = _chunks(listing, path_column, label_column)
+    header = next(chunks, None)
+    if header is None:
+        raise InputError(f"{listing}: the listing has no rows", listing)
+    columns = header
+    jobs = (_ChunkJob(listing, root, columns[0], columns[1], rows) for rows in chunks)
+    run = ordered_map if ordered_map is not None else map
+    for part in run(_scan_chunk, jobs):  # merged one at a time, in row order
+        mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
+        part.builder.relabel(mapping)
+        builder.extend(part.builder)
+        problems.items += part.problems.items
+        labelled_line = labelled_line or part.labelled_line
+        unlabelled += part.unlabelled
+        unlabelled_lines += part.unlabelled_lines[: 10 - len(unlabelled_lines)]
+        tick(len(part.builder))
+    if len(labels) and unlabelled:
+        for number in unlabelled_lines:
+            problems.add(
+                f"{listing}:{number}",
+                f"no label, while line {labelled_line} has one ({unlabelled} row(s) without); "
+                "label every row or none",
+            )
+    problems.raise_if_any()
+    return labels.freeze(builder)
+
+
+def _chunks(listing: str, path_column: str, label_column: str | None) -> Iterator[Any]:
+    """First the (path column, label column or "") pair, then lists of CHUNK_ROWS rows.
+
+    Raises:
+        InputError: the first row lacks the path column, or a given label column.
+    """
+    rows = _rows(listing)
+    first = next(rows, None)
+    if first is None:
+        return
+    number, row = first
+    if path_column not in row:
+        raise InputError(
+            f"{listing}:{number}: no {path_column!r} column (columns: {', '.join(map(str, row))}); "
+            "name the path column with --path-column",
+            listing,
+        )
+    if label_column is None:
+        label_column = "label" if "label" in row else ""
+    elif label_column not in row:
+        raise InputError(f"{listing}:{number}: no label column {label_column!r}", listing)
+    yield path_column, label_column
+    chunk = [first]
+    for item in rows:
+        chunk.append(item)
+        if len(chunk) >= CHUNK_ROWS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+@dataclass(frozen=True)
+class _ChunkJob:
+    listing: str
+    root: str
+    path_column: str
+    label_column: str  # "" when the listing has no labels
+    rows: list[tuple[int, dict[str, Any]]]
+
+
+@dataclass
+class _ChunkPart:
+    """One chunk's samples, labels as ids into its own ``labels`` texts."""
+
+    builder: InventoryBuilder
+    labels: list[str]
+    problems: Problems
+    labelled_line: int  # first line with a label, 0 if none
+    unlabelled: int
+    unlabelled_lines: list[int]  # the first 10
+
+
+def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
+    """Check and stat one chunk of rows (runs wherever the engine runs tasks)."""
+    listing, root, path_column, label_column = (
+        job.listing,
+        job.root,
+        job.path_column,
+        job.label_column,
+    )
+    builder = InventoryBuilder(root, with_meta=True)
+    labels, problems, confined = LabelTable(), Problems(), _Confinement(root)
+    labelled_line, unlabelled = 0, 0
+    unlabelled_lines: list[int] = []
+    for number, row in job.rows:
         where = f"{listing}:{number}"
-        if first:
-            if path_column not in row:
-                raise InputError(
-                    f"{where}: no {path_column!r} column (columns: {', '.join(map(str, row))}); "
-                    "name the path column with --path-column",
-                    listing,
-                )
-            if label_column is None:
-                label_column = "label" if "label" in row else ""
-            elif label_column not in row:
-                raise InputError(f"{where}: no label column {label_column!r}", listing)
-            first = False
         rel = str(row.get(path_column) or "")
         norm = os.path.normpath(rel) if rel else ""
         if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
@@ -131,18 +227,9 @@ def scan_listing(
                 unlabelled_lines.append(number)
         meta = {k: v for k, v in row.items() if k not in (path_column, label_column)}
         builder.add(stem, label, [(ext, size, -1)], meta=json.dumps(meta).encode() if meta else b"")
-        tick(1)
-    if first:
-        raise InputError(f"{listing}: the listing has no rows", listing)
-    if len(labels) and unlabelled:
-        for number in unlabelled_lines:
-            problems.add(
-                f"{listing}:{number}",
-                f"no label, while line {labelled_line} has one ({unlabelled} row(s) without); "
-                "label every row or none",
-            )
-    problems.raise_if_any()
-    return labels.freeze(builder)
+    return _ChunkPart(
+        builder, labels.texts(), problems, labelled_line, unlabelled, unlabelled_lines
+    )
 
 
 class _Outside(Exception):

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import tarfile
+from dataclasses import dataclass
+
+import numpy as np
 
 from shardprep.errors import InputError
 from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import Problems, Tick
 
@@ -37,54 +41,81 @@ def _split_member(name: str) -> tuple[str, str]:
     return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
 
 
-def scan_tar_shards(raw: str, tick: Tick) -> Inventory:
-    """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress."""
+def scan_tar_shards(raw: str, tick: Tick, ordered_map: OrderedMap | None = None) -> Inventory:
+    """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress.
+
+    One task per input tar, run by ``ordered_map`` (an engine's, see
+    :mod:`shardprep.engine`) when given, else here; the parts are merged in
+    tar order with their label texts interned in that order, so the result is
+    the same as a serial scan.
+    """
     tars = list_tar_shards(raw)
     root = os.path.dirname(tars[0]) if os.path.isfile(raw) else os.path.abspath(raw)
     builder = InventoryBuilder(root)
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
-    for tar_path in tars:
-        try:
-            with tarfile.open(tar_path, "r:") as tar:
-                current, label_text = None, None
-                parts: list[tuple[str, int, int]] = []
-                for member in tar:
-                    if member.isdir():
-                        continue
-                    if not member.isfile() or member.issparse():
-                        problems.add(f"{tar_path}:{member.name}", _not_a_file(member))
-                        continue
-                    stem, ext = _split_member(member.name)
-                    if stem.rsplit("/", 1)[-1].startswith("__"):
-                        continue  # WebDataset metadata member such as __key__
-                    if stem != current:
-                        if current is not None:
-                            unlabelled += _add(
-                                builder, labels, problems, current, parts, label_text, tar_path
-                            )
-                            tick(1)
-                        current, parts, label_text = stem, [], None
-                    if ext == LABEL_EXT:
-                        fileobj = tar.extractfile(member)
-                        label_text = fileobj.read().decode("utf-8").strip() if fileobj else ""
-                    elif not ext:
-                        problems.add(f"{tar_path}:{member.name}", "member has no extension")
-                    else:
-                        parts.append((ext, member.size, member.offset_data))
-                if current is not None:
-                    unlabelled += _add(
-                        builder, labels, problems, current, parts, label_text, tar_path
-                    )
-                    tick(1)
-        except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
-            problems.add(
-                tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first"
-            )
+    jobs = [(root, tar_path) for tar_path in tars]
+    parts = ordered_map(_scan_tar, jobs) if ordered_map is not None else map(_scan_tar, jobs)
+    for part in parts:  # merged one at a time, in tar order
+        mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
+        part.builder.relabel(mapping)
+        builder.extend(part.builder)
+        problems.items += part.problems.items
+        unlabelled += part.unlabelled
+        tick(len(part.builder))
     if len(labels) and unlabelled:
         problems.add(raw, f"{unlabelled} sample(s) have no .cls while others do; label all or none")
     problems.raise_if_any()
     return labels.freeze(builder)
+
+
+@dataclass
+class _TarPart:
+    """One input tar's samples, with labels as ids into its own ``labels`` texts."""
+
+    builder: InventoryBuilder
+    labels: list[str]
+    problems: Problems
+    unlabelled: int
+
+
+def _scan_tar(job: tuple[str, str]) -> _TarPart:
+    """Scan one tar (runs wherever the engine runs tasks)."""
+    root, tar_path = job
+    builder = InventoryBuilder(root)
+    labels, problems = LabelTable(), Problems()
+    unlabelled = 0
+    try:
+        with tarfile.open(tar_path, "r:") as tar:
+            current, label_text = None, None
+            parts: list[tuple[str, int, int]] = []
+            for member in tar:
+                if member.isdir():
+                    continue
+                if not member.isfile() or member.issparse():
+                    problems.add(f"{tar_path}:{member.name}", _not_a_file(member))
+                    continue
+                stem, ext = _split_member(member.name)
+                if stem.rsplit("/", 1)[-1].startswith("__"):
+                    continue  # WebDataset metadata member such as __key__
+                if stem != current:
+                    if current is not None:
+                        unlabelled += _add(
+                            builder, labels, problems, current, parts, label_text, tar_path
+                        )
+                    current, parts, label_text = stem, [], None
+                if ext == LABEL_EXT:
+                    fileobj = tar.extractfile(member)
+                    label_text = fileobj.read().decode("utf-8").strip() if fileobj else ""
+                elif not ext:
+                    problems.add(f"{tar_path}:{member.name}", "member has no extension")
+                else:
+                    parts.append((ext, member.size, member.offset_data))
+            if current is not None:
+                unlabelled += _add(builder, labels, problems, current, parts, label_text, tar_path)
+    except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
+        problems.add(tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first")
+    return _TarPart(builder, labels.texts(), problems, unlabelled)
 
 
 def _not_a_file(member: tarfile.TarInfo) -> str:

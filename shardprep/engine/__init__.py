@@ -1,0 +1,101 @@
+"""Engines: where the build's parallel stages run (scan tasks, shard writes).
+
+The build (``shardprep.build``) decides *what* to compute and in which order
+results are combined; an engine decides only *where* the work runs. Two
+operations are enough for every stage:
+
+* ``ordered_map(fn, items)``: ``fn(item)`` for every item, in parallel, the
+  results yielded in item order (the scan: one task per class folder or per
+  listing chunk, merged in order, so the inventory never depends on timing);
+* ``write_shards(context, todo, progress)``: write the planned shards
+  ``todo``, yielding ``(shard, record)`` as each completes (any order: the
+  manifest is assembled in shard order).
+
+Output bytes depend only on each task's input (a shard's samples in write
+order), never on which engine, process or node ran it, so every engine writes
+byte-identical shards.
+
+``open_engine("local" | "ray", ...)`` returns one as a context manager.
+Another engine (Dask, Spark) is one more module implementing :class:`Engine`;
+see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from shardprep.config import ENGINES
+from shardprep.engine.tasks import ShardTask, WriteContext
+from shardprep.errors import PlanError
+from shardprep.write import ShardRecord
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineOptions",
+    "ShardTask",
+    "WriteContext",
+    "open_engine",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+Progress = Callable[[int], None]
+
+
+class Engine(Protocol):
+    """Runs the build's parallel stages. Implementations: ``local``, ``ray``."""
+
+    name: str
+
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """``fn(item)`` for each item, possibly in parallel; results in item order.
+
+        ``fn`` must be a module-level function and items picklable; ``items``
+        is iterated once, lazily (a bounded number of items in flight). An
+        exception raised by ``fn`` is re-raised here, as raised.
+        """
+        ...
+
+    def write_shards(
+        self, context: WriteContext, todo: Sequence[int], progress: Progress
+    ) -> Generator[tuple[int, ShardRecord], None, None]:
+        """Write shards ``todo``; yields ``(shard, record)`` as each one completes.
+
+        ``progress(n)`` reports ``n`` more samples written. On an error or a
+        Ctrl-C every running write is stopped before the exception leaves
+        this generator, so no partial file is being written afterwards.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run: the engine's name, its parallelism, and a Ray cluster address."""
+
+    name: str = "local"
+    workers: int = 1  # local: processes; ray (local instance): CPUs of the instance
+    workers_given: bool = False  # False: the default (CPU count), not an explicit --workers
+    ray_address: str | None = None  # ray: cluster to join (else RAY_ADDRESS, else a local one)
+
+
+def open_engine(options: EngineOptions) -> AbstractContextManager[Engine]:
+    """The engine named in ``options``, as a context manager (Ray connects and disconnects).
+
+    Raises:
+        PlanError: an unknown engine name, or ``ray`` without Ray installed.
+    """
+    if options.name == "local":
+        from shardprep.engine.local import LocalEngine
+
+        return LocalEngine.open(options)
+    if options.name == "ray":
+        from shardprep.engine.ray_engine import RayEngine
+
+        return RayEngine.open(options)
+    raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {options.name!r})")

@@ -1,0 +1,146 @@
+"""The local engine: this machine's process pool (``--engine local``, the default).
+
+Scan tasks and shard writes run in forked worker processes
+(:func:`shardprep.workers.worker_pool`), or in this process with one worker.
+Workers inherit the :class:`WriteContext` once, at fork, and count written
+samples in a shared counter, so the progress bar moves within a shard; the
+first failure or Ctrl-C tells every worker to stop at its next progress
+report and returns only once all of them have stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from shardprep.engine.tasks import WriteContext
+from shardprep.workers import mp_context, worker_pool
+from shardprep.write import ShardRecord
+
+if TYPE_CHECKING:
+    from shardprep.engine import EngineOptions
+
+__all__ = ["LocalEngine"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class LocalEngine:
+    """Process-pool engine with ``workers`` processes (1: everything in this process)."""
+
+    name = "local"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = max(1, workers)
+
+    @classmethod
+    @contextmanager
+    def open(cls, options: EngineOptions) -> Iterator[LocalEngine]:
+        """The engine for ``options`` (an :class:`~shardprep.engine.EngineOptions`)."""
+        yield cls(options.workers)
+
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """``fn`` over ``items`` in worker processes; results in item order.
+
+        At most ``2 x workers`` items are in flight (``items`` may be a
+        generator that reads its input lazily); each result is dropped once
+        yielded. One worker, or a single item: everything runs here.
+        """
+        queue = iter(items)
+        head = list(itertools.islice(queue, 2))
+        if self.workers == 1 or len(head) < 2:
+            for item in itertools.chain(head, queue):
+                yield fn(item)
+            return
+        with worker_pool(self.workers) as pool:
+            pending: deque[Future[R]] = deque()
+            for item in itertools.chain(head, queue):
+                pending.append(pool.executor.submit(fn, item))
+                while len(pending) >= 2 * self.workers:
+                    yield _next_result(pool, pending)
+            while pending:
+                yield _next_result(pool, pending)
+
+    def write_shards(
+        self, context: WriteContext, todo: Sequence[int], progress: Callable[[int], None]
+    ) -> Generator[tuple[int, ShardRecord], None, None]:
+        """Write ``todo`` over up to ``workers`` processes (in this process with one)."""
+        workers = min(self.workers, max(1, len(todo)))
+        if workers == 1:
+            for shard in todo:
+                yield shard, context.write(shard, progress)
+            return
+        yield from _write_parallel(context, todo, workers, progress)
+
+
+def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
+    """The oldest pending task's result (waiting for it in short, Ctrl-C-aware steps)."""
+    while not pool.wait([pending[0]]):
+        pass
+    return pending.popleft().result()
+
+
+class _Stopped(Exception):
+    """Raised in a worker at its next progress report once the build is stopping."""
+
+
+@dataclass(frozen=True)
+class _Channel:
+    """Shared between the build and its workers: samples written, and "stop now"."""
+
+    written: Any  # multiprocessing.Value("q")
+    stop: Any  # multiprocessing.Event
+
+    def count(self, n: int) -> None:
+        if self.stop.is_set():
+            raise _Stopped
+        with self.written.get_lock():
+            self.written.value += n
+
+
+_worker_state: tuple[WriteContext, _Channel] | None = None  # set once per worker process
+
+
+def _init_worker(context: WriteContext, channel: _Channel) -> None:
+    global _worker_state
+    _worker_state = (context, channel)
+
+
+def _write_in_worker(shard: int) -> ShardRecord:
+    if _worker_state is None:
+        raise RuntimeError("worker used before _init_worker")
+    context, channel = _worker_state
+    return context.write(shard, channel.count)
+
+
+def _write_parallel(
+    context: WriteContext, todo: Sequence[int], workers: int, progress: Callable[[int], None]
+) -> Generator[tuple[int, ShardRecord], None, None]:
+    """Write shards ``todo`` over ``workers`` processes.
+
+    The first failure or Ctrl-C stops the rest within one zstd frame's worth of
+    writing per worker (they give up at their next progress report), and this
+    returns or raises only once every worker has stopped.
+    """
+    mp = mp_context()
+    channel = _Channel(mp.Value("q", 0), mp.Event())
+    reported = 0
+    with worker_pool(workers, _init_worker, (context, channel), stop=channel.stop.set) as pool:
+        pending: dict[Future[ShardRecord], int] = {
+            pool.executor.submit(_write_in_worker, shard): shard for shard in todo
+        }
+        while pending:
+            done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C
+            written = channel.written.value
+            progress(written - reported)
+            reported = written
+            for future in done:
+                shard = pending.pop(future)
+                yield shard, future.result()  # re-raises the worker's WriteError
+        progress(channel.written.value - reported)

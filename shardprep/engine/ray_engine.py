@@ -1,0 +1,207 @@
+"""The Ray engine (``--engine ray``): scan tasks and shard writes as Ray tasks.
+
+Install with ``pip install "shardprep[ray]"``. The build's process is the
+Ray driver: it joins the cluster at ``--ray-address`` (else ``RAY_ADDRESS``),
+or starts a local Ray instance when neither is given, and leaves it again at
+the end (a local instance it started is shut down).
+
+* Writes: one task per shard. The driver cuts each shard's task out of the
+  plan only when it submits it, and keeps at most ``2 x cluster CPUs`` tasks
+  in flight, so its memory holds that many shards' metadata, not the
+  dataset's. Progress is counted on the driver, per completed task.
+* Retries are Ray's own: ``max_retries`` for a lost worker or node, and
+  ``retry_exceptions=[TransientWriteError]`` for I/O errors that may pass
+  (see :mod:`shardprep.engine.faults`). Any other error fails the build with
+  the task's own :class:`~shardprep.errors.ShardprepError`.
+* Ctrl-C or a failure cancels every pending task (``ray.cancel(force=True)``)
+  and waits for them before the exception propagates.
+
+Inputs and output must be paths every node can read and write (a shared
+filesystem); shardprep itself must be importable on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
+from shardprep.engine.tasks import ShardTask, WriteContext
+from shardprep.errors import PlanError, ShardprepError, WriteError
+from shardprep.write import ShardRecord
+
+if TYPE_CHECKING:
+    from shardprep.engine import EngineOptions
+
+__all__ = ["RayEngine", "import_ray"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_RETRIES = 3  # Ray's per-task retry budget, for lost workers and transient errors alike
+CANCEL_WAIT_S = 60.0  # how long a failed or interrupted build waits for cancelled tasks
+POLL_S = 0.5
+CONNECT_TIMEOUT_S = 10.0
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        PlanError: Ray is not installed; the message names the extra to install.
+    """
+    try:
+        import ray
+    except ImportError as err:
+        raise PlanError(
+            '--engine ray needs Ray: pip install "shardprep[ray]" '
+            f"(it could not be imported: {err})"
+        ) from err
+    return ray
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse a ``host:port`` cluster address that does not answer within ``timeout`` s.
+
+    (``ray.init`` itself retries an unreachable GCS for minutes.) Other forms
+    (``auto``, ``local``, ``ray://...``) are left to Ray.
+
+    Raises:
+        PlanError: nothing accepts TCP connections at ``address``.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise PlanError(
+            f"--ray-address {address}: no Ray cluster answers there ({err.strerror or err}); "
+            "start one (ray start --head) or give the address `ray status` prints"
+        ) from err
+
+
+def _call(fn: Callable[[T], R], item: T) -> R:
+    """Runs in a Ray worker: one scan task."""
+    return fn(item)
+
+
+def _write(task: ShardTask) -> ShardRecord:
+    """Runs in a Ray worker: write one shard; a transient I/O error becomes retryable."""
+    try:
+        try:
+            check_test_faults(task.index)
+        except OSError as err:
+            raise WriteError(f"shard {task.index}: {err}", task.index) from err
+        return task.run()
+    except WriteError as err:
+        raise classify(err, task.samples()) from err.__cause__
+
+
+class RayEngine:
+    """Runs tasks on the Ray cluster this process is connected to."""
+
+    name = "ray"
+
+    def __init__(self, ray: Any) -> None:
+        self._ray = ray
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.window = max(2, 2 * cpus)  # tasks in flight
+        self._call = ray.remote(max_retries=MAX_RETRIES)(_call)
+        self._write = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[TransientWriteError])(
+            _write
+        )
+
+    @classmethod
+    @contextmanager
+    def open(cls, options: EngineOptions) -> Iterator[RayEngine]:
+        """Join the cluster (``options.ray_address``, else RAY_ADDRESS) or start a local instance.
+
+        A Ray connection that already exists in this process is used as is
+        and left open; one made here is closed (a local instance shut down).
+        """
+        ray = import_ray()
+        if ray.is_initialized():
+            yield cls(ray)
+            return
+        address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            check_reachable(address)
+        kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+        if address is None:
+            kwargs["include_dashboard"] = False
+            if options.workers_given:
+                kwargs["num_cpus"] = options.workers
+        ray.init(address=address, **kwargs)
+        try:
+            yield cls(ray)
+        finally:
+            ray.shutdown()
+
+    def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """One Ray task per item, ``window`` in flight; results in item order."""
+        pending: deque[Any] = deque()
+        try:
+            for item in items:
+                pending.append(self._call.remote(fn, item))
+                if len(pending) >= self.window:
+                    yield self._get(pending.popleft())
+            while pending:
+                yield self._get(pending.popleft())
+        except BaseException:
+            self._cancel(list(pending))
+            raise
+
+    def write_shards(
+        self, context: WriteContext, todo: Sequence[int], progress: Callable[[int], None]
+    ) -> Generator[tuple[int, ShardRecord], None, None]:
+        """One Ray task per shard, ``window`` in flight; yields as tasks complete."""
+        ray = self._ray
+        queue = iter(todo)
+        pending: dict[Any, int] = {}
+        try:
+            for shard in queue:
+                pending[self._write.remote(context.task(shard))] = shard
+                if len(pending) >= self.window:
+                    break
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+                for ref in done:
+                    shard = pending.pop(ref)
+                    record = self._get(ref)
+                    progress(context.shard_size(shard))
+                    next_shard = next(queue, None)
+                    if next_shard is not None:
+                        pending[self._write.remote(context.task(next_shard))] = next_shard
+                    yield shard, record
+        except BaseException:
+            self._cancel(list(pending))
+            raise
+
+    def _get(self, ref: Any) -> Any:
+        """The task's result; its ShardprepError is re-raised as itself (not wrapped by Ray)."""
+        ray = self._ray
+        while True:
+            done, _ = ray.wait([ref], timeout=POLL_S)  # short waits: Ctrl-C is seen promptly
+            if done:
+                break
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, ShardprepError):
+                raise cause from err
+            raise
+
+    def _cancel(self, refs: list[Any]) -> None:
+        """Cancel ``refs`` (killing running ones) and wait until Ray has stopped them all."""
+        ray = self._ray
+        if not refs:
+            return
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)

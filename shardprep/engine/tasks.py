@@ -1,0 +1,92 @@
+"""The unit of work of the write stage: one shard, self-contained and picklable.
+
+:class:`WriteContext` holds what the driver knows (inventory, selection,
+plan); :meth:`WriteContext.task` cuts out one shard's :class:`ShardTask`:
+its samples' metadata in write order, as numpy columns (an
+:class:`~shardprep.inventory.Inventory` and a
+:class:`~shardprep.weighting.Selection` of that shard only: cheap to cut
+and to pickle, no Python object per sample), and the output options. The
+task turns its columns into ``SampleRef``s where it runs. A task's output
+depends on nothing else, which is what makes the output byte-identical
+whatever engine, process or node runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardprep.inventory import Inventory, SampleRef
+from shardprep.weighting import Selection
+from shardprep.write import ShardRecord, write_shard
+
+__all__ = ["ShardTask", "WriteContext"]
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything needed to write shard ``index``: its samples in order and the output options."""
+
+    index: int
+    inventory: Inventory  # this shard's samples only, in write order
+    selection: Selection  # their copy numbers and weights
+    out: str
+    num_classes: int
+    compression: str
+    zstd_level: int
+
+    def samples(self) -> list[SampleRef]:
+        """The shard's samples in write order."""
+        return self.selection.samples(self.inventory, np.arange(len(self.inventory)))
+
+    def run(self, progress: Any = None) -> ShardRecord:
+        """Write the shard (see :func:`shardprep.write.write_shard`)."""
+        return write_shard(
+            self.index,
+            self.samples(),
+            self.out,
+            self.num_classes,
+            self.compression,
+            self.zstd_level,
+            progress,
+        )
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    """Everything the driver knows to write any shard of the plan."""
+
+    inventory: Inventory
+    selection: Selection
+    plan: list[np.ndarray]
+    out: str
+    compression: str
+    zstd_level: int
+
+    def samples(self, shard: int) -> list[SampleRef]:
+        """Shard ``shard``'s samples in write order."""
+        return self.selection.samples(self.inventory, self.plan[shard])
+
+    def shard_size(self, shard: int) -> int:
+        """Number of samples in shard ``shard``."""
+        return len(self.plan[shard])
+
+    def task(self, shard: int) -> ShardTask:
+        """The self-contained task that writes shard ``shard``."""
+        positions = self.plan[shard]
+        num_classes = len(self.inventory.class_names or ())
+        return ShardTask(
+            shard,
+            self.inventory.subset(self.selection.source[positions]),
+            self.selection.subset(positions),
+            self.out,
+            num_classes,
+            self.compression,
+            self.zstd_level,
+        )
+
+    def write(self, shard: int, progress: Any = None) -> ShardRecord:
+        """Write shard ``shard`` here, in this process."""
+        return self.task(shard).run(progress)

@@ -1,0 +1,152 @@
+"""The engine seam without Ray: option checks, the missing-extra error, retry classification."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardprep
+from shardprep.engine import EngineOptions, open_engine
+from shardprep.engine.faults import TransientWriteError, classify
+from shardprep.engine.local import LocalEngine
+from shardprep.errors import InputError, PlanError, WriteError
+from shardprep.inventory import PartRef, SampleRef
+from shardprep.scan import listing, scan
+from tests.processes import run_bounded
+
+
+def _sample(path: Path, size: int) -> SampleRef:
+    return SampleRef("k", 0, "k.bin", (PartRef("bin", str(path), -1, size),), None)
+
+
+def _failed(cause: OSError) -> WriteError:
+    err = WriteError(f"shard 2: {cause}", 2)
+    err.__cause__ = cause
+    return err
+
+
+def test_an_io_error_on_unchanged_sources_is_transient(tmp_path: Path) -> None:
+    (tmp_path / "k.bin").write_bytes(b"abc")
+    result = classify(_failed(OSError(errno.EIO, "flaky")), [_sample(tmp_path / "k.bin", 3)])
+    assert isinstance(result, TransientWriteError)
+    assert result.shard_index == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "size", "exists"),
+    [
+        (errno.EACCES, 3, True),  # permission: not passing
+        (errno.ENOSPC, 3, True),  # disk full: not passing
+        (errno.EIO, 4, True),  # the source changed size since the scan
+        (errno.EIO, 3, False),  # the source is gone
+    ],
+)
+def test_other_failures_are_not_retried(tmp_path: Path, code: int, size: int, exists: bool) -> None:
+    if exists:
+        (tmp_path / "k.bin").write_bytes(b"abc")
+    err = _failed(OSError(code, "failed"))
+    assert classify(err, [_sample(tmp_path / "k.bin", size)]) is err
+
+
+def test_unknown_engine_and_a_ray_address_without_ray_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="--engine must be one of local, ray"):
+        shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, engine="spark")
+    with pytest.raises(PlanError, match="--ray-address needs --engine ray"):
+        shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, ray_address="x:1")
+    with pytest.raises(PlanError, match="--engine must be one of"):
+        open_engine(EngineOptions(name="dask"))
+
+
+NO_RAY = """
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+from shardprep.cli import main
+main(["build", sys.argv[1], sys.argv[2], "-n", "1", "--engine", "ray", "-q"])
+"""
+
+
+def test_ray_missing_names_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.bin").write_bytes(b"x")
+    result = run_bounded(
+        [sys.executable, "-c", NO_RAY, str(tmp_path / "raw"), str(tmp_path / "out")], timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert 'pip install "shardprep[ray]"' in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.bin").write_bytes(b"x")
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(PlanError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster answers"):
+        shardprep.build(
+            str(tmp_path / "raw"),
+            str(tmp_path / "out"),
+            shards=1,
+            engine="ray",
+            ray_address=f"127.0.0.1:{port}",
+            progress=False,
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def _listing_with_problems(root: Path) -> Path:
+    rows = ["path,label,note"]
+    for i in range(23):
+        if i not in (4, 17):
+            (root / f"{i:02d}.bin").write_bytes(b"x" * i)
+        rows.append(f"{i:02d}.bin,{'' if i % 5 == 2 else 'c' + str(i % 3)},n{i}")
+    (root / "l.csv").write_text("\n".join(rows) + "\n")
+    return root / "l.csv"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_listing_scanned_in_chunks_gives_the_same_inventory_and_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    path = _listing_with_problems(tmp_path)
+    with pytest.raises(InputError) as whole:
+        scan(str(path))
+    (tmp_path / "04.bin").write_bytes(b"")
+    (tmp_path / "17.bin").write_bytes(b"")
+    with pytest.raises(InputError) as whole_unlabelled:
+        scan(str(path))
+    path.write_text(path.read_text().replace(",,", ",c9,"))
+    reference = scan(str(path))
+    path.write_text(path.read_text().replace(",c9,", ",,"))
+    (tmp_path / "04.bin").unlink()
+    (tmp_path / "17.bin").unlink()
+    monkeypatch.setattr(listing, "CHUNK_ROWS", 3)  # 8 chunks, merged in order
+    engine = LocalEngine(workers)
+    with pytest.raises(InputError) as chunked:
+        scan(str(path), ordered_map=engine.ordered_map)
+    assert str(chunked.value) == str(whole.value)
+    (tmp_path / "04.bin").write_bytes(b"")
+    (tmp_path / "17.bin").write_bytes(b"")
+    with pytest.raises(InputError) as chunked_unlabelled:
+        scan(str(path), ordered_map=engine.ordered_map)
+    assert str(chunked_unlabelled.value) == str(whole_unlabelled.value)
+    path.write_text(path.read_text().replace(",,", ",c9,"))
+    inventory = scan(str(path), ordered_map=engine.ordered_map)
+    assert inventory.class_names == reference.class_names == ("c0", "c1", "c2", "c9")
+    for column in ("stem_end", "label", "part_size", "meta_end"):
+        assert np.array_equal(getattr(inventory, column), getattr(reference, column)), column
+    assert inventory.stem_blob == reference.stem_blob
+    assert inventory.meta_blob == reference.meta_blob
+
+
+def test_ray_is_imported_only_by_a_ray_build() -> None:
+    from tests.unit.test_layering import _imported_after
+
+    modules = ("shardprep.cli", "shardprep.build", "shardprep.engine.local")
+    assert _imported_after((*modules, "shardprep.engine.ray_engine"), ("ray", "torch")) == []

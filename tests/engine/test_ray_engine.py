@@ -1,0 +1,251 @@
+"""--engine ray on a real local Ray instance: byte-identical to --engine local, retries, resume.
+
+One Ray instance (2 CPUs) serves the whole module; the local reference builds
+run before it starts (the local engine forks, which a process holding Ray's
+threads should not). The killed-driver test runs its own driver process with
+its own Ray instance, and checks that every process of that session is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shardprep
+from shardprep.engine.faults import TEST_FAULTS_ENV
+from shardprep.errors import WriteError
+from shardprep.scan import listing
+from tests.conftest import payload, write_class_folders
+
+ray = pytest.importorskip("ray")
+
+SHARDS = 8
+CLASSES = {"ant": 41, "bee": 23, "cat": 30, "dog": 9}
+DEADLINE_S = 90.0
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def _write_listing(root: Path) -> Path:
+    """A CSV listing of 90 files in two folders, with a label and an extra column."""
+    rows = []
+    for i in range(90):
+        rel = f"{'ab'[i % 2]}/{i:04d}.bin"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(payload(i % 3, i))
+        rows.append({"path": rel, "label": f"c{i % 3}", "note": f"row {i}"})
+    listing = root / "list.csv"
+    with open(listing, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["path", "label", "note"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return listing
+
+
+class Data:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.class_folders = write_class_folders(base / "raw", CLASSES)
+        self.listing = _write_listing(base / "listing")
+        self.faults = base / "faults"
+        self.faults.mkdir()
+        self.reference: dict[str, dict[str, bytes]] = {}
+        for name, raw, options in (
+            ("folders", self.class_folders, {}),
+            ("listing", self.listing, {"compression": "zstd"}),
+            ("tar", base / "folders-local-1", {}),  # re-shard a shardprep output: tar input
+        ):
+            outputs = []
+            for workers in (1, 2):
+                out = base / f"{name}-local-{workers}"
+                shardprep.build(
+                    str(raw), str(out), shards=SHARDS, workers=workers, progress=False, **options
+                )
+                outputs.append(_files(out))
+            assert outputs[0] == outputs[1]  # --workers does not change a byte
+            self.reference[name] = outputs[0]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(listing, "CHUNK_ROWS", 16)  # the 90-row listing is scanned in 6 tasks
+        yield Data(tmp_path_factory.mktemp("engine"))
+
+
+@pytest.fixture(scope="module")
+def cluster(data: Data) -> Iterator[str]:
+    """The module's Ray instance (2 CPUs); its workers see the test-only fault folder."""
+    os.environ[TEST_FAULTS_ENV] = str(data.faults)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        del os.environ[TEST_FAULTS_ENV]
+
+
+def test_class_folders_on_ray_are_byte_identical_to_local(data: Data, cluster: str) -> None:
+    out = data.base / "folders-ray"
+    summary = shardprep.build(
+        str(data.class_folders), str(out), shards=SHARDS, engine="ray", progress=False
+    )
+    assert summary.num_samples == sum(CLASSES.values())
+    assert _files(out) == data.reference["folders"]
+
+
+def test_listing_on_ray_is_byte_identical_to_local(data: Data, cluster: str) -> None:
+    out = data.base / "listing-ray"
+    shardprep.build(
+        str(data.listing),
+        str(out),
+        shards=SHARDS,
+        engine="ray",
+        compression="zstd",
+        progress=False,
+    )
+    assert _files(out) == data.reference["listing"]
+
+
+def test_tar_input_on_ray_is_byte_identical_to_local(data: Data, cluster: str) -> None:
+    out = data.base / "tar-ray"
+    shardprep.build(
+        str(data.base / "folders-local-1"), str(out), shards=SHARDS, engine="ray", progress=False
+    )
+    assert _files(out) == data.reference["tar"]
+
+
+def _attempts(data: Data) -> list[int]:
+    log = data.faults / "attempts"
+    attempts = [int(line) for line in log.read_text().split()]
+    log.unlink()
+    return attempts
+
+
+def test_a_transient_task_failure_is_retried_by_ray(data: Data, cluster: str) -> None:
+    (data.faults / "attempts").unlink(missing_ok=True)
+    trigger = data.faults / "fail-3"
+    trigger.touch()  # the first write of shard 3 fails with EIO (test-only hook)
+    out = data.base / "folders-retried"
+    shardprep.build(str(data.class_folders), str(out), shards=SHARDS, engine="ray", progress=False)
+    assert not trigger.exists()  # the failure did happen
+    assert sorted(_attempts(data)) == sorted([*range(SHARDS), 3])  # shard 3 twice, once each else
+    assert _files(out) == data.reference["folders"]
+
+
+def test_a_lasting_failure_is_not_retried_and_fails_the_build(data: Data, cluster: str) -> None:
+    (data.faults / "attempts").unlink(missing_ok=True)
+    deny = data.faults / "deny-6"
+    deny.touch()  # every write of shard 6 fails with EACCES (test-only hook)
+    out = data.base / "folders-denied"
+    try:
+        with pytest.raises(WriteError, match="shard 6: .*injected lasting failure") as caught:
+            shardprep.build(
+                str(data.class_folders), str(out), shards=SHARDS, engine="ray", progress=False
+            )
+    finally:
+        deny.unlink()
+    assert caught.value.shard_index == 6
+    assert _attempts(data).count(6) == 1  # not retried
+    assert not list(out.glob(".*.partial"))
+    assert not (out / "manifest.json").exists()
+
+
+def _wait_for_first_shard(driver: subprocess.Popen[bytes], out: Path) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not (out / "shard-00000.tar").exists():  # a shard written: mid-build
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the driver wrote no shard in time"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_cancels_the_ray_tasks_and_resume_finishes(data: Data, cluster: str) -> None:
+    out = data.base / "folders-ctrl-c"
+    (data.faults / "hold-5").touch()  # shard 5 waits: the build cannot finish before Ctrl-C
+    command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
+    command += ["-n", str(SHARDS), "--engine", "ray", "--ray-address", cluster]
+    driver = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_for_first_shard(driver, out)
+        driver.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends
+        _, stderr = driver.communicate(timeout=DEADLINE_S)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        (data.faults / "hold-5").unlink(missing_ok=True)
+    assert driver.returncode == 130, stderr.decode()
+    assert "run the same command with --resume" in stderr.decode()
+    assert not list(out.glob(".*.partial"))  # the held task was cancelled, its file removed
+    assert not (out / "shard-00005.tar").exists()
+    summary = shardprep.build(
+        str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
+    )
+    assert 1 <= summary.reused_shards < SHARDS
+    assert _files(out) == data.reference["folders"]
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _kill_session(sid: int) -> None:
+    for pid in _session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_ray_driver_is_finished_with_resume(data: Data, cluster: str) -> None:
+    out = data.base / "folders-killed"
+    (data.faults / "hold-5").touch()  # shard 5 waits: the build cannot finish before the kill
+    ray_tmp = tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp")  # short: Ray's socket paths
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": ""}
+    command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
+    command += ["-n", str(SHARDS), "--engine", "ray", "--workers", "2", "-q"]
+    driver = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_for_first_shard(driver, out)
+        deadline = time.monotonic() + DEADLINE_S
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and its process group
+        driver.communicate(timeout=30)
+        # Ray's own processes of that session die with their driver (fate sharing).
+        while _session_pids(driver.pid):
+            assert time.monotonic() < deadline, f"left over: {_session_pids(driver.pid)}"
+            time.sleep(0.1)
+    finally:
+        _kill_session(driver.pid)
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait(timeout=30)
+        (data.faults / "hold-5").unlink(missing_ok=True)
+    assert not (out / "manifest.json").exists()
+    assert not (out / "shard-00005.tar").exists()
+    summary = shardprep.build(
+        str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
+    )
+    assert 1 <= summary.reused_shards < SHARDS
+    assert _files(out) == data.reference["folders"]
