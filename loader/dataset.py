@@ -31,6 +31,7 @@ from loader.partition import (
     samples_per_rank,
     slot_counts,
 )
+from loader.prefetch import attach_read_ahead
 from loader.read import ShardReader
 from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, windowed_stream
@@ -241,14 +242,25 @@ class ShardDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             self.source, self.manifest, self.read.verify, self._expander(epoch), self.read.checksums
         )
         decoder = make_decoder(self.decode, self.allow_pickle)
+        skipped = skip if batch is None else skip * batch
         try:
+            # → remote outputs: the windows' reads fetched ahead (and cached), in the same order
+            attach_read_ahead(
+                reader,
+                self.source,
+                self.manifest,
+                pieces,
+                skipped,
+                self.shuffle_buffer,
+                self.shuffle_buffer_bytes,
+            )
             # → raw samples, read window by window and shuffled inside each window
             samples = windowed_stream(
                 pieces,
                 reader,
                 shuffle=self.shuffle,
                 rng_key=(self.seed, epoch, world.rank, world.worker),
-                skip=skip if batch is None else skip * batch,
+                skip=skipped,
                 max_samples=self.shuffle_buffer,
                 max_bytes=self.shuffle_buffer_bytes,
                 policy=ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors),

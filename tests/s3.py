@@ -35,6 +35,7 @@ __all__ = ["Proxy", "S3Server", "free_port"]
 
 _KEY = "testing"
 _REGION = "us-east-1"
+_METHODS = frozenset({b"GET", b"HEAD", b"PUT", b"POST", b"DELETE"})
 
 
 def free_port() -> int:
@@ -136,7 +137,7 @@ class Proxy:
 
     ``latency`` seconds are added before every client→server chunk (one request, in
     practice), server→client bytes are paced at ``bandwidth`` bytes/s per connection
-    (None: unpaced), and ``cut_next(n, after)`` closes the next ``n`` connections that carry
+    (None: unpaced), ``requests`` records every request line it forwards, and ``cut_next(n, after)`` closes the next ``n`` connections that carry
     more than ``after`` bytes server→client right after those bytes (a body cut mid-transfer).
     """
 
@@ -149,6 +150,7 @@ class Proxy:
         self.port = 0
         self.connections = 0
         self.cuts = 0
+        self.requests: list[str] = []  # "GET /bucket/key?query" per request, in arrival order
         self._cut_budget = 0
         self._cut_after = 0
         self._lock = threading.Lock()
@@ -217,6 +219,10 @@ class Proxy:
 
     async def _upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(65536):
+            method, _, rest = data[:2048].partition(b" ")
+            if method in _METHODS:  # a chunk that starts a request (aiohttp does not pipeline)
+                with self._lock:
+                    self.requests.append(f"{method.decode()} {rest.split(b' ', 1)[0].decode()}")
             if self.latency:
                 await asyncio.sleep(self.latency)
             writer.write(data)
