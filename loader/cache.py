@@ -129,7 +129,9 @@ class ShardCache:
                 return None
             try:
                 self._download(name, part, size, sha256)
-                os.replace(part.name, final)
+                # under the evict lock: a scan never sees the file under neither (or both) names
+                with _locked(os.path.join(self.root, EVICT_LOCK), self.lock_timeout_s):
+                    os.replace(part.name, final)
             finally:
                 part.close()
                 with contextlib.suppress(FileNotFoundError):

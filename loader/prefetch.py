@@ -230,8 +230,8 @@ class ReadAhead:
         head = self._pending[0] if self._pending else None
         want = Read(shard, offset, size)
         if head is None or head.group.reads[len(head.group.reads) - head.remaining] != want:
-            self.misses += 1
-            log.debug("read %s was not planned next; reading it directly", want)
+            self.misses += 1  # a plan that diverged from the reader: correct, but slow
+            log.warning("read-ahead: %s was not the planned next read; reading it directly", want)
             return self._direct(want)
         name = self._manifest.shards[shard].file
         try:

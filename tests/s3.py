@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -53,22 +54,23 @@ class S3Server:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
 
     def start(self) -> S3Server:
+        # stderr goes to a file: werkzeug logs every request there, and a pipe nobody reads
+        # fills up after a few hundred requests and blocks the server
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,
             start_new_session=True,
         )
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                err = (
-                    self._process.stderr.read().decode(errors="replace")
-                    if self._process.stderr
-                    else ""
-                )
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")
                 raise RuntimeError(
                     f"moto server exited with {self._process.returncode}: {err[-2000:]}"
                 )
@@ -88,8 +90,7 @@ class S3Server:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, signal.SIGKILL)
         self._process.wait(timeout=30)
-        if self._process.stderr:
-            self._process.stderr.close()
+        self._log.close()
         self._process = None
 
     def __enter__(self) -> S3Server:
