@@ -177,12 +177,17 @@ class _Pool:
 
 
 class _Pending:
-    """A submitted group: its job (bytes, or a pinned cached file) and how many reads remain."""
+    """A submitted group: its jobs and how many of its reads remain.
 
-    __slots__ = ("cost", "group", "job", "remaining")
+    ``parts`` are ``(file offset, job)``: a streamed group is fetched as parts of at most
+    ``request_bytes`` in parallel (bytes); a cached group is one job (a pinned file, or the
+    group's bytes when the cache had no room).
+    """
 
-    def __init__(self, group: Group, job: _Job, cost: int) -> None:
-        self.group, self.job, self.cost = group, job, cost
+    __slots__ = ("cost", "group", "parts", "remaining")
+
+    def __init__(self, group: Group, parts: list[tuple[int, _Job]], cost: int) -> None:
+        self.group, self.parts, self.cost = group, parts, cost
         self.remaining = len(group.reads)
 
 
@@ -233,10 +238,8 @@ class ReadAhead:
             self.misses += 1  # a plan that diverged from the reader: correct, but slow
             log.warning("read-ahead: %s was not the planned next read; reading it directly", want)
             return self._direct(want)
-        name = self._manifest.shards[shard].file
         try:
-            value = self._wait(head.job, name, head.group.stop - head.group.start)
-            data = self._slice(head.group, value, want)
+            data = self._gather(head, want)
         finally:
             head.remaining -= 1
             if head.remaining == 0:
@@ -267,7 +270,7 @@ class ReadAhead:
                 return
             cost = self._cost(group)
             self._budget += cost
-            self._pending.append(_Pending(group, self._pool.submit(self._job(group)), cost))
+            self._pending.append(_Pending(group, self._submit(group), cost))
 
     def _cost(self, group: Group) -> int:
         """Memory held for a streamed group; for a cached one, its shard's bytes once per shard."""
@@ -285,9 +288,9 @@ class ReadAhead:
                 self._pinned[pending.group.shard] = count
             else:
                 del self._pinned[pending.group.shard]
-        job = pending.job
-        if job.done.is_set() and job.value is not None and not isinstance(job.value, bytes):
-            job.value.close()  # unpin a cached file (a job still running at close: GC closes it)
+        for _, job in pending.parts:
+            if job.done.is_set() and job.value is not None and not isinstance(job.value, bytes):
+                job.value.close()  # unpin a cached file (a job still running at close: GC does)
 
     def _prefetch_indexes(self, current: int) -> None:
         """Fetch ahead the index files of the next ``INDEX_AHEAD`` shards after ``current``."""
@@ -307,18 +310,34 @@ class ReadAhead:
                 return cached  # type: ignore[no-any-return]
         return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
 
-    def _job(self, group: Group) -> Callable[[], Any]:
+    def _submit(self, group: Group) -> list[tuple[int, _Job]]:
+        """The group's jobs: its parts (streaming), or its shard made present in the cache."""
         entry = self._manifest.shards[group.shard]
-        stop = min(group.stop, entry.num_bytes) if group.stop > group.start else group.start
+        stop = min(group.stop, entry.num_bytes)
+        if self._cache is not None:
+            cache = self._cache
 
-        def fetch() -> Any:
-            if self._cache is not None:
-                pinned = self._cache.open(entry)
+            def cached() -> Any:
+                pinned = cache.open(entry)
                 if pinned is not None:
                     return pinned
-            return self._source.fetch(entry.file, group.start, stop) if stop > group.start else b""
+                return (
+                    self._source.fetch(entry.file, group.start, stop) if stop > group.start else b""
+                )
 
-        return fetch
+            return [(group.start, self._pool.submit(cached))]
+        step = self._options.request_bytes
+        starts = range(group.start, max(stop, group.start + 1), step)
+        return [
+            (
+                start,
+                self._pool.submit(partial(self._fetch, entry.file, start, min(start + step, stop))),
+            )
+            for start in starts
+        ]
+
+    def _fetch(self, name: str, start: int, stop: int) -> bytes:
+        return self._source.fetch(name, start, stop) if stop > start else b""
 
     def _direct(self, read: Read) -> bytes:
         entry = self._manifest.shards[read.shard]
@@ -326,14 +345,25 @@ class ReadAhead:
 
     # --- consuming ------------------------------------------------------------------
 
-    @staticmethod
-    def _slice(group: Group, value: Any, read: Read) -> bytes:
-        if isinstance(value, bytes):
-            if read.offset == group.start and read.size >= len(value):
-                return value  # the whole request: no copy
-            return value[read.offset - group.start : read.stop - group.start]
-        data: bytes = os.pread(value.fileno(), read.size, read.offset)
-        return data
+    def _gather(self, pending: _Pending, read: Read) -> bytes:
+        """The bytes of ``read`` from its group's parts (waiting for the ones it needs)."""
+        name = self._manifest.shards[read.shard].file
+        parts = pending.parts
+        chunks: list[bytes] = []
+        for i, (start, job) in enumerate(parts):
+            end = parts[i + 1][0] if i + 1 < len(parts) else pending.group.stop
+            if end <= read.offset and i + 1 < len(parts):
+                continue
+            if start >= read.stop and chunks:
+                break
+            value = self._wait(job, name, end - start)
+            if not isinstance(value, bytes):  # a pinned cached file
+                data: bytes = os.pread(value.fileno(), read.size, read.offset)
+                return data
+            if start == read.offset and len(value) == read.size:
+                return value  # exactly this read: no copy
+            chunks.append(value[max(0, read.offset - start) : read.stop - start])
+        return b"".join(chunks)
 
     def _wait(self, job: _Job, name: str, size: int) -> Any:
         """``job``'s result within its deadline; its error re-raised as it is."""

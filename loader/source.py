@@ -67,7 +67,7 @@ class RemoteOptions:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     read_ahead_bytes: int = 64 << 20
     request_bytes: int = 8 << 20
-    max_requests: int = 4
+    max_requests: int = 8
     cache_dir: str | None = None
     cache_limit: int | None = None
 
