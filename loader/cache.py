@@ -55,7 +55,8 @@ __all__ = ["ShardCache", "cache_bytes"]
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_S = 600.0  # waiting for another process's download of the same file
+LOCK_TIMEOUT_S = 600.0
+DOWNLOAD_PARALLEL = 4  # ranged GETs of one file in flight (memory: 4 x request_bytes)  # waiting for another process's download of the same file
 PART = ".part"
 LOCK = ".lock"
 EVICT_LOCK = ".evict.lock"
@@ -201,17 +202,28 @@ class ShardCache:
     def _download(self, name: str, part: BinaryIO, size: int, sha256: str) -> None:
         """Fill ``part`` with the remote file in ranged GETs; check its size and sha256."""
         digest = hashlib.sha256()
-        offset = 0
-        while offset < size:
-            end = offset + self._request_bytes
-            stop = end if end < size else size + 1  # the last GET asks for one byte more
-            data = self._source.fetch(name, offset, stop)
-            if not data or offset + len(data) > size:
-                offset += len(data)
+        step = self._request_bytes
+        # ranged GETs of request_bytes, DOWNLOAD_PARALLEL at a time; the last asks for one more
+        # byte than the manifest says, to notice a file that grew
+        ranges = [(a, min(a + step, size)) for a in range(0, size, step)]
+        if ranges:
+            ranges[-1] = (ranges[-1][0], size + 1)
+        offset = 0  # bytes of the file seen so far (one more than size: it grew)
+        for i in range(0, len(ranges), DOWNLOAD_PARALLEL):
+            batch = ranges[i : i + DOWNLOAD_PARALLEL]
+            ended = False
+            for (start, stop), data in zip(
+                batch, self._source.fetch_ranges(name, batch), strict=True
+            ):
+                kept = data[: max(0, size - start)]  # never past the manifest's size
+                os.pwrite(part.fileno(), kept, start)
+                digest.update(kept)
+                offset = start + len(data)
+                if len(data) < stop - start:  # the file ends here
+                    ended = True
+                    break
+            if ended:
                 break
-            os.pwrite(part.fileno(), data, offset)
-            digest.update(data)
-            offset += len(data)
         url = self._source.path(name)
         if offset != size:
             raise ChecksumMismatchError(

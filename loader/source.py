@@ -190,6 +190,26 @@ class Source:
 
         return self.call(read, name)
 
+    def fetch_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """``fetch(name, start, stop)`` for each range, concurrently where fsspec can
+        (``cat_ranges``: one asyncio gather for s3fs, gcsfs, http), retried as a whole."""
+        path = self.path(name)
+
+        def read() -> list[bytes]:
+            fs = self._filesystem()
+            starts, stops = [a for a, _ in ranges], [b for _, b in ranges]
+            try:
+                data: list[bytes] = fs.cat_ranges(
+                    [path] * len(ranges), starts, stops, on_error="raise"
+                )
+            except OSError as err:
+                if _past_the_end(err):  # the file is shorter than expected: range by range
+                    return [self.fetch(name, a, b) for a, b in ranges]
+                raise
+            return data
+
+        return self.call(read, name)
+
     def manifest(self) -> Manifest:
         """Read and validate the output's manifest.
 
