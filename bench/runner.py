@@ -90,6 +90,10 @@ def task_load(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["system"] == "tarfile":
         return task_tarloop(spec)
     mod, import_s = _import_peer(spec["system"], "load")
+    t = time.perf_counter()
+    for name in spec.get("imports", ()):  # e.g. the object-storage client a remote read uses
+        importlib.import_module(name)
+    import_s += time.perf_counter() - t
     pss0 = _own_pss()
     t0 = time.perf_counter()
     make = mod.batch_loader if spec["params"].get("batches") else mod.loader
