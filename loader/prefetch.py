@@ -134,15 +134,18 @@ class _Job:
 
 
 class _Pool:
-    """A few daemon threads running jobs in submission order; started at the first submit."""
+    """A few daemon threads running jobs by priority, then in submission order; started at the
+    first submit."""
 
     def __init__(self, threads: int) -> None:
         self._size = threads
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # (priority, sequence, job): index files (0) before data (1), else first come first served
+        self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
+        self._sequence = 0
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 
-    def submit(self, fn: Callable[[], Any]) -> _Job:
+    def submit(self, fn: Callable[[], Any], priority: int = 1) -> _Job:
         if self._closed.is_set():
             raise RuntimeError("read-ahead is closed")
         if not self._threads:
@@ -151,12 +154,13 @@ class _Pool:
                 thread.start()
                 self._threads.append(thread)
         job = _Job(fn)
-        self._queue.put(job)
+        self._sequence += 1
+        self._queue.put((priority, self._sequence, job))
         return job
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._queue.get()[2]
             if job is None or self._closed.is_set():
                 if job is not None:
                     job.error = RuntimeError("read-ahead closed before this job ran")
@@ -167,8 +171,8 @@ class _Pool:
     def close(self) -> None:
         """Drop queued jobs and stop every thread (each after its current job, bounded)."""
         self._closed.set()
-        for _ in self._threads:
-            self._queue.put(None)
+        for i in range(len(self._threads)):
+            self._queue.put((-1, i, None))  # ahead of every job
         for thread in self._threads:
             thread.join(JOIN_TIMEOUT_S)
             if thread.is_alive():
@@ -298,7 +302,9 @@ class ReadAhead:
             self._next_index = max(self._next_index, self._order.index(current) + 1)
         for shard in self._order[self._next_index : self._next_index + INDEX_AHEAD]:
             if shard not in self._index_jobs and not self._closed:
-                self._index_jobs[shard] = self._pool.submit(partial(self._fetch_index, shard))
+                self._index_jobs[shard] = self._pool.submit(
+                    partial(self._fetch_index, shard), priority=0
+                )
 
     # --- fetching (pool threads) -----------------------------------------------------
 
