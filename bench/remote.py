@@ -41,6 +41,8 @@ SHARDS = 16
 BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
 IMPORTS = {"shardprep": ("s3fs",), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
 LABELS = {
+    "floor": "floor: 8 concurrent whole-object GETs (s3fs)",
+    "local": "shardprep, same build on local disk",
     "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead",
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "mds": "MosaicML StreamingDataset (remote → local)",
@@ -221,17 +223,25 @@ def render(result: dict[str, Any]) -> str:
         f"{meta['minutes']:.1f} min, load average {meta['loadavg'][0]:.1f} → "
         f"{meta['loadavg'][1]:.1f} on {meta['cpus']} CPUs",
         "",
-        "| row | MB/s | epoch s | TTFB s | peak PSS MiB | complete |",
-        "|---|---:|---:|---:|---:|---|",
+        "| system | num_workers | epoch | MB/s | epoch s | TTFB s | MB/s after the first batch "
+        "| peak PSS MiB | complete |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for key, r in rows.items():
+        name, workers, *epoch = [part.strip() for part in key.split("|")]
+        head = f"| {LABELS.get(name, name)} | {workers[1:]} | {epoch[0] if epoch else ''} "
         if "error" in r:
-            lines.append(f"| {key} | n/a: {r['error'][:120]} | | | | |")
+            lines.append(head + f"| n/a: {r['error'][:120]} | | | | | |")
             continue
         ttfb = f"{r['ttfb_s']:.2f}" if r.get("ttfb_s") is not None else ""
+        after = (
+            f"{r['bytes'] / (r['epoch_s'] - r['ttfb_s']) / 1e6:.0f}"
+            if r.get("ttfb_s") is not None and r["epoch_s"] > r["ttfb_s"]
+            else ""
+        )
         pss = f"{r['peak_pss'] / 2**20:.0f}" if r.get("peak_pss") else ""
         lines.append(
-            f"| {key} | {r['mb_s']:.1f} | {r['epoch_s']:.2f} | {ttfb} | {pss} | "
+            head + f"| {r['mb_s']:.1f} | {r['epoch_s']:.2f} | {ttfb} | {after} | {pss} | "
             f"{'yes' if r.get('complete') else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
