@@ -90,6 +90,10 @@ def task_load(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["system"] == "tarfile":
         return task_tarloop(spec)
     mod, import_s = _import_peer(spec["system"], "load")
+    t = time.perf_counter()
+    for name in spec.get("imports", ()):  # e.g. the object-storage client a remote read uses
+        importlib.import_module(name)
+    import_s += time.perf_counter() - t
     pss0 = _own_pss()
     t0 = time.perf_counter()
     make = mod.batch_loader if spec["params"].get("batches") else mod.loader
@@ -181,7 +185,35 @@ def task_ddp_rank(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TASKS = {"build": task_build, "load": task_load, "ddp_rank": task_ddp_rank}
+def task_get_floor(spec: dict[str, Any]) -> dict[str, Any]:
+    """Reference for remote reads: whole-object GETs of ``spec['urls']``, ``spec['concurrency']``
+    at a time, through s3fs (one GET each), bytes discarded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import s3fs
+
+    t = time.perf_counter()
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **spec["storage_options"])
+    import_s = time.perf_counter() - t
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(spec["concurrency"]) as pool:
+        sizes = list(pool.map(lambda url: len(fs.cat_file(url)), spec["urls"]))
+    return {
+        "import_s": import_s,
+        "epoch_s": time.perf_counter() - t0,
+        "ttfb_s": None,
+        "samples": spec["samples"],
+        "bytes": spec["payload_bytes"],
+        "object_bytes": sum(sizes),
+    }
+
+
+TASKS = {
+    "build": task_build,
+    "load": task_load,
+    "ddp_rank": task_ddp_rank,
+    "get_floor": task_get_floor,
+}
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ from loader.partition import (
     slice_order,
     slot_counts,
 )
+from loader.prefetch import attach_read_ahead
 from loader.read import BufferPool, ShardReader
 from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
@@ -226,13 +227,24 @@ class ShardStream:
             # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
             pieces = self._pieces(epoch, world, reader, history)
             rng_key = window_key(self.seed, epoch, world.rank, world.worker, len(history))
+            skipped = skip if batch is None else skip * batch
+            # → remote outputs: the windows' reads fetched ahead (and cached), in the same order
+            attach_read_ahead(
+                reader,
+                self.source,
+                self.manifest,
+                pieces,
+                skipped,
+                self.shuffle_buffer,
+                self.shuffle_buffer_bytes,
+            )
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
                 pieces,
                 reader,
                 shuffle=self.shuffle,
                 rng_key=rng_key,
-                skip=skip if batch is None else skip * batch,
+                skip=skipped,
                 max_samples=self.shuffle_buffer,
                 max_bytes=self.shuffle_buffer_bytes,
                 policy=policy,

@@ -19,7 +19,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +38,7 @@ from shardprep.integrity import (
 from shardprep.manifest import Manifest
 from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
 
-__all__ = ["BufferPool", "Chunk", "ChunkTable", "ShardReader", "UncheckedChunk"]
+__all__ = ["BufferPool", "Chunk", "ChunkTable", "RangeIO", "ShardReader", "UncheckedChunk"]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
@@ -307,6 +307,8 @@ class ShardReader:
         self._file: BinaryIO | None = None
         self._file_size = 0
         self._zstd: Any = None
+        # where shard and index bytes come from when not read here: read-ahead or a local cache
+        self.io: RangeIO | None = None
         if manifest.compression == "zstd":
             import zstandard
 
@@ -331,7 +333,10 @@ class ShardReader:
         entry = self._manifest.shards[shard]
         where = self._source.path(entry.index_file)
         try:
-            data = self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
+            if self.io is not None:
+                data = self.io.index_bytes(shard)
+            else:
+                data = self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
         except OSError as err:
             raise ManifestError(f"{where}: cannot read ({err})", where) from err
         actual = hashlib.sha256(data).hexdigest()
@@ -383,6 +388,19 @@ class ShardReader:
         extra = None if weights is None else {"__weight__": weights[piece.start : piece.stop]}
         return self._read_raw(raw, (selected - first).tolist(), extra)
 
+    def span(self, piece: SampleRange) -> tuple[int, int]:
+        """The file offset and size of the one read that ``read(piece)`` makes (read-ahead plans)."""
+        if self._expand is not None:
+            selected = self._expanded_ids(piece.shard)[0][piece.start : piece.stop]
+            piece = SampleRange(piece.shard, int(selected[0]), int(selected[-1]) + 1)
+        index = self.index(piece.shard)
+        if self._zstd is None:
+            begin, end = int(index.sample_offset[piece.start]), int(index.sample_offset[piece.stop])
+            return begin, end - begin
+        f0, f1 = _frames_of(index, piece)
+        start = int(index.frame_offset[f0])
+        return start, int(index.frame_offset[f1]) - start
+
     def _read_raw(
         self,
         piece: SampleRange,
@@ -402,8 +420,8 @@ class ShardReader:
             self._check_sha256(piece.shard)
         shard = self._source.path(self._manifest.shards[piece.shard].file)
         offsets = index.sample_offset
-        begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
         if self._zstd is None:
+            begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
             data = self._pread_into(piece, begin, end - begin, self._pool)
             if len(data) < end - begin:
                 first = int(np.searchsorted(offsets, begin + len(data), side="right")) - 1
@@ -412,8 +430,7 @@ class ShardReader:
                 )
             return self._chunk(data, begin, index, piece, shard, selection, extra)
         frames, frame_offset = index.frame_sample, index.frame_offset
-        f0 = int(np.searchsorted(frames, piece.start, side="right")) - 1
-        f1 = int(np.searchsorted(frames, piece.stop, side="left"))
+        f0, f1 = _frames_of(index, piece)
         base = int(offsets[int(frames[f0])])
         start, stop = int(frame_offset[f0]), int(frame_offset[f1])
         compressed = self._pread(piece, index, start, stop - start)
@@ -461,10 +478,15 @@ class ShardReader:
     ) -> bytes | memoryview:
         """As ``_pread``; with a ``pool``, a view of one of its buffers (read with ``readinto``)."""
         name = self._manifest.shards[piece.shard].file
+        if self.io is not None:
+            try:
+                return self.io.read(piece.shard, offset, size)
+            except FileNotFoundError as err:
+                raise self._corrupt(piece, piece.start, "shard file is missing") from err
 
         def read() -> bytes | memoryview:
             if self._open_shard != piece.shard or self._file is None:
-                self.close()
+                self._close_file()
                 entry = self._manifest.shards[piece.shard]
                 self._file, self._file_size = self._source.open_sized(name, entry.num_bytes)
                 self._open_shard = piece.shard
@@ -476,7 +498,7 @@ class ShardReader:
             return buffer[: self._file.readinto(buffer)]  # type: ignore[attr-defined]
 
         try:
-            return self._source.call(read, name, on_failure=self.close)
+            return self._source.call(read, name, on_failure=self._close_file)
         except FileNotFoundError as err:
             raise self._corrupt(piece, piece.start, "shard file is missing") from err
 
@@ -499,7 +521,36 @@ class ShardReader:
         self._verified.add(shard)
 
     def close(self) -> None:
-        """Close the open shard file, if any."""
+        """Close the open shard file and the read-ahead (its threads), if any."""
+        self._close_file()
+        if self.io is not None:
+            self.io.close()
+
+    def _close_file(self) -> None:
         if self._file is not None:
             self._file.close()
         self._file, self._open_shard = None, -1
+
+
+class RangeIO(Protocol):
+    """Where a ``ShardReader`` gets bytes from instead of reading them itself (``loader.prefetch``).
+
+    Reads come in exactly the order they were planned; errors of a read are
+    raised by the call that asks for it.
+    """
+
+    def index_bytes(self, shard: int) -> bytes:
+        """The whole index file of ``shard`` (bounded by its manifest entry)."""
+
+    def read(self, shard: int, offset: int, size: int) -> bytes:
+        """``size`` bytes of ``shard``'s file from ``offset``; fewer only where the file ends."""
+
+    def close(self) -> None:
+        """Stop every thread and release every file; idempotent."""
+
+
+def _frames_of(index: ShardIndex, piece: SampleRange) -> tuple[int, int]:
+    """The zstd frames ``[f0, f1)`` that hold the samples of ``piece``."""
+    f0 = int(np.searchsorted(index.frame_sample, piece.start, side="right")) - 1
+    f1 = int(np.searchsorted(index.frame_sample, piece.stop, side="left"))
+    return f0, f1

@@ -50,15 +50,39 @@ class RemoteOptions:
     Options in ``fsspec.config.conf`` for the protocol (or ``FSSPEC_*``
     environment variables) replace these defaults, and ``storage_options``
     replace both.
+
+    Read-ahead (``loader.prefetch``): each worker fetches the ranges it will
+    read next, ``max_requests`` ranged requests of at most ``request_bytes``
+    in flight, holding at most ``read_ahead_bytes`` fetched ahead of what it
+    is reading (0 turns read-ahead off: one synchronous read per window).
+
+    Cache (``loader.cache``): with ``cache_dir``, whole shards and their
+    indexes are kept there, shared safely by every worker and rank of a
+    node, evicted least recently used beyond ``cache_limit`` bytes (None: no
+    limit). See docs/loader.md, "Remote outputs".
     """
 
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    read_ahead_bytes: int = 64 << 20
+    request_bytes: int = 8 << 20
+    max_requests: int = 8
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
             raise ValueError("connect_timeout_s and read_timeout_s must be positive")
+        if self.read_ahead_bytes < 0 or self.request_bytes < 1 or self.max_requests < 1:
+            raise ValueError(
+                "read_ahead_bytes must be >= 0 (0: no read-ahead), request_bytes and "
+                "max_requests >= 1"
+            )
+        if self.cache_limit is not None and self.cache_limit < 1:
+            raise ValueError("cache_limit must be a positive number of bytes (or None: no limit)")
+        if self.cache_limit is not None and self.cache_dir is None:
+            raise ValueError("cache_limit needs a cache_dir")
 
 
 class Source:
@@ -128,7 +152,7 @@ class Source:
         """
 
         def read() -> bytes:
-            if self.remote and self.protocol in _HTTP:
+            if self.remote:
                 # one ranged GET: no HEAD, and the answer is bounded
                 data: bytes = self._filesystem().cat_file(self.path(name), start=0, end=limit + 1)
                 return data
@@ -143,6 +167,48 @@ class Source:
                 self.path(name),
             )
         return data
+
+    def fetch(self, name: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of remote file ``name`` in one ranged GET, retried.
+
+        Fewer bytes only where the file ends (none if it ends before ``start``).
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            UnreachableError: the server kept failing (see :meth:`call`).
+        """
+        path = self.path(name)
+
+        def read() -> bytes:
+            try:
+                data: bytes = self._filesystem().cat_file(path, start=start, end=stop)
+            except OSError as err:
+                if _past_the_end(err):
+                    return b""
+                raise
+            return data
+
+        return self.call(read, name)
+
+    def fetch_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """``fetch(name, start, stop)`` for each range, concurrently where fsspec can
+        (``cat_ranges``: one asyncio gather for s3fs, gcsfs, http), retried as a whole."""
+        path = self.path(name)
+
+        def read() -> list[bytes]:
+            fs = self._filesystem()
+            starts, stops = [a for a, _ in ranges], [b for _, b in ranges]
+            try:
+                data: list[bytes] = fs.cat_ranges(
+                    [path] * len(ranges), starts, stops, on_error="raise"
+                )
+            except OSError as err:
+                if _past_the_end(err):  # the file is shorter than expected: range by range
+                    return [self.fetch(name, a, b) for a, b in ranges]
+                raise
+            return data
+
+        return self.call(read, name)
 
     def manifest(self) -> Manifest:
         """Read and validate the output's manifest.
@@ -195,6 +261,12 @@ class Source:
                     ) from err
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError(f"unreachable: {name}")  # pragma: no cover
+
+
+def _past_the_end(err: OSError) -> bool:
+    """A ranged GET that starts past the end of the object (HTTP 416, s3fs's EINVAL)."""
+    text = str(err).lower()
+    return "range" in text and ("not satisfiable" in text or "416" in text)
 
 
 def is_transient(err: BaseException) -> bool:

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -35,6 +36,7 @@ __all__ = ["Proxy", "S3Server", "free_port"]
 
 _KEY = "testing"
 _REGION = "us-east-1"
+_METHODS = frozenset({b"GET", b"HEAD", b"PUT", b"POST", b"DELETE"})
 
 
 def free_port() -> int:
@@ -52,22 +54,23 @@ class S3Server:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
 
     def start(self) -> S3Server:
+        # stderr goes to a file: werkzeug logs every request there, and a pipe nobody reads
+        # fills up after a few hundred requests and blocks the server
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,
             start_new_session=True,
         )
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                err = (
-                    self._process.stderr.read().decode(errors="replace")
-                    if self._process.stderr
-                    else ""
-                )
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")
                 raise RuntimeError(
                     f"moto server exited with {self._process.returncode}: {err[-2000:]}"
                 )
@@ -87,8 +90,7 @@ class S3Server:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, signal.SIGKILL)
         self._process.wait(timeout=30)
-        if self._process.stderr:
-            self._process.stderr.close()
+        self._log.close()
         self._process = None
 
     def __enter__(self) -> S3Server:
@@ -136,7 +138,7 @@ class Proxy:
 
     ``latency`` seconds are added before every client→server chunk (one request, in
     practice), server→client bytes are paced at ``bandwidth`` bytes/s per connection
-    (None: unpaced), and ``cut_next(n, after)`` closes the next ``n`` connections that carry
+    (None: unpaced), ``requests`` records every request line it forwards, and ``cut_next(n, after)`` closes the next ``n`` connections that carry
     more than ``after`` bytes server→client right after those bytes (a body cut mid-transfer).
     """
 
@@ -149,6 +151,7 @@ class Proxy:
         self.port = 0
         self.connections = 0
         self.cuts = 0
+        self.requests: list[str] = []  # "GET /bucket/key?query" per request, in arrival order
         self._cut_budget = 0
         self._cut_after = 0
         self._lock = threading.Lock()
@@ -217,6 +220,10 @@ class Proxy:
 
     async def _upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(65536):
+            method, _, rest = data[:2048].partition(b" ")
+            if method in _METHODS:  # a chunk that starts a request (aiohttp does not pipeline)
+                with self._lock:
+                    self.requests.append(f"{method.decode()} {rest.split(b' ', 1)[0].decode()}")
             if self.latency:
                 await asyncio.sleep(self.latency)
             writer.write(data)

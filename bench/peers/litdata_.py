@@ -74,7 +74,16 @@ def loader(
     compressed = bool(glob.glob(os.path.join(out, "*.zstd*")))
     kw: dict[str, Any] = {}
     src = os.path.abspath(out)
-    if compressed:  # copy+decompress into a cache instead of in place
+    remote = params.get("remote")
+    if remote:  # out is an s3:// URL (bench.remote)
+        from litdata.streaming import downloader
+
+        # obstore refuses a plain-http endpoint unless its client options allow it; litdata
+        # 0.2.76 builds them from this module dict and has no argument for it
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[index]
+        src = out
+        kw = {"cache_dir": remote["cache_dir"], "storage_options": remote["boto3_options"]}
+    elif compressed:  # copy+decompress into a cache instead of in place
         cache = params.get("cache_dir") or src.rstrip("/") + ".cache"
         os.makedirs(cache, exist_ok=True)
         src, kw = f"local:{src}", {"cache_dir": cache}

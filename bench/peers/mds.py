@@ -56,7 +56,9 @@ def loader(
 
     if params.get("clean_shm", True):
         clean_stale_shared_memory()
-    if glob.glob(os.path.join(out, "*.zstd")):
+    if params.get("remote"):  # out is an s3:// URL; boto3 reads S3_ENDPOINT_URL and AWS_*
+        kw = {"remote": out, "local": params["remote"]["cache_dir"]}
+    elif glob.glob(os.path.join(out, "*.zstd")):
         # compressed: treat the folder as "remote" and decompress into a cache,
         # never in place (local-only would rewrite the build output)
         kw = {"remote": out, "local": params.get("cache_dir") or out.rstrip("/") + ".cache"}

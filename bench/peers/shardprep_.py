@@ -45,7 +45,7 @@ def loader(
     kw: dict[str, Any] = {}
     if params.get("uneven"):
         kw["uneven"] = params["uneven"]
-    ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), **kw)
+    ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), **kw, **_remote(params))
     return DataLoader(ds, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
 
 
@@ -63,6 +63,25 @@ def batch_loader(
 
     from loader import ShardDataset
 
-    ds = ShardDataset(out, seed=0, shuffle=params.get("shuffle", True), batch_size=batch_size)
+    ds = ShardDataset(
+        out,
+        seed=0,
+        shuffle=params.get("shuffle", True),
+        batch_size=batch_size,
+        **_remote(params),
+    )
     dl = DataLoader(ds, batch_size=None, num_workers=num_workers)
     return (next(batch[k] for k in PAYLOAD_KEYS if k in batch) for batch in dl)
+
+
+def _remote(params: dict[str, Any]) -> dict[str, Any]:
+    """``read=ReadOptions(remote=RemoteOptions(...))`` from ``params["remote"]`` (bench.remote)."""
+    remote = params.get("remote")
+    if not remote:
+        return {}
+    from loader import ReadOptions, RemoteOptions
+
+    options = RemoteOptions(
+        storage_options=remote["storage_options"], cache_dir=remote.get("cache_dir")
+    )
+    return {"read": ReadOptions(remote=options)}

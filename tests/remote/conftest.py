@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,14 @@ def proxy(s3: S3Server) -> Iterator[Proxy]:
     """An unthrottled proxy in front of ``s3``; tests set ``latency``/``bandwidth`` or ``cut_next``."""
     with Proxy(s3.port) as p:
         yield p
+
+
+@pytest.fixture
+def uploaded(s3: S3Server, bucket: str, built: Path, built_zstd: Path) -> dict[str, str]:
+    """``built`` and ``built_zstd`` uploaded with s3fs ``put``: {"tar": url, "zstd": url}."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+    fs.put(str(built), f"{bucket}/tar", recursive=True)
+    fs.put(str(built_zstd), f"{bucket}/zstd", recursive=True)
+    return {"tar": f"s3://{bucket}/tar", "zstd": f"s3://{bucket}/zstd"}

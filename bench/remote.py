@@ -1,0 +1,251 @@
+"""Remote benchmark: shards in object storage behind a slow link, first epoch and cached epoch.
+
+``python -m bench.remote [--samples 6000] [--latency-ms 20] [--bandwidth-mbs 100]``
+
+A moto S3 server on 127.0.0.1 (``tests/s3.py``) holds the outputs of
+shardprep, MosaicML's ``MDSWriter`` and LitData's ``optimize`` built from the
+same ``images`` dataset (JPEG-sized random payloads, 16 shards). Every read
+goes through ``tests.s3.Proxy``, which adds ``--latency-ms`` to every request
+and paces every connection at ``--bandwidth-mbs``: a stand-in for a region's
+round trip and per-connection bandwidth. Each row is one epoch (batch 64,
+shuffle on) in a fresh process (``bench.runner``), DataLoader ``num_workers``
+0 and 2:
+
+* ``epoch 1``: nothing cached (shardprep streams with read-ahead; with
+  ``cache_dir`` it also fills the cache; MDS and LitData download into
+  their caches);
+* ``epoch 2``: the same cache folder, warm;
+* ``floor``: 8 concurrent whole-object GETs of shardprep's 16 shards;
+* ``local``: shardprep over the same build on local disk.
+
+MB/s counts payload bytes for every row. Results: ``WORK/remote-results.json``
+and, with ``--out``, the markdown page (docs/benchmarks-remote.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.build import BY_NAME, ensure_built
+from bench.harness import DEFAULT_WORK, REPO, Config, dataset, log, repeat, rm, run_task
+
+BATCH = 64
+SHARDS = 16
+BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
+IMPORTS = {"shardprep": ("s3fs",), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
+LABELS = {
+    "floor": "floor: 8 concurrent whole-object GETs (s3fs)",
+    "local": "shardprep, same build on local disk",
+    "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead",
+    "shardprep cache": "shardprep, read-ahead + `cache_dir`",
+    "mds": "MosaicML StreamingDataset (remote → local)",
+    "litdata": "LitData StreamingDataset",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench.remote", description=__doc__)
+    p.add_argument("--samples", type=int, default=6000, help="images samples (default 6000)")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
+    p.add_argument("--bandwidth-mbs", type=float, default=100.0, help="per connection, MB/s")
+    p.add_argument("--repeats", type=int, default=1, help="measured runs per figure (median)")
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
+    p.add_argument("--workers", default="0,2", help="DataLoader num_workers to measure")
+    p.add_argument("--systems", default="shardprep,shardprep cache,mds,litdata")
+    p.add_argument("--out", type=Path, default=None, help="write the markdown page here")
+    a = p.parse_args(argv)
+    cfg = Config.make(False, a.work_dir, a.repeats, "")
+    cfg.warmup = 0
+    cfg.command = "python -m bench.remote " + " ".join(shlex.quote(x) for x in argv)
+    if cfg.work.resolve().is_relative_to(REPO):
+        p.error("--work-dir must be outside the repository")
+    workers = tuple(int(w) for w in a.workers.split(","))
+    systems = tuple(s for s in a.systems.split(",") if s)
+    result = run(cfg, a.samples, a.latency_ms / 1000, a.bandwidth_mbs * 1e6, workers, systems)
+    path = cfg.work / "remote-results.json"
+    path.write_text(json.dumps(result, indent=1))
+    log(f"results in {path}")
+    if a.out:
+        a.out.write_text(render(result))
+        log(f"wrote {a.out}")
+    return 0
+
+
+def run(
+    cfg: Config,
+    n: int,
+    latency: float,
+    bandwidth: float,
+    workers: tuple[int, ...],
+    systems: tuple[str, ...],
+) -> dict[str, Any]:
+    """Every row of the remote scenario (see the module docstring)."""
+    sys.path.insert(0, str(REPO))
+    from tests.s3 import Proxy, S3Server
+
+    _, meta = dataset(cfg, "images", n)
+    outs = {
+        system: ensure_built(cfg, "images", n, BY_NAME[b], SHARDS) for system, b in BUILDS.items()
+    }
+    rows: dict[str, Any] = {}
+    started, load_before = time.time(), os.getloadavg()[0]
+    with S3Server() as s3, Proxy(s3.port, latency=latency, bandwidth=bandwidth) as proxy:
+        s3.create_bucket("bench")
+        _upload(s3, outs)
+        env = s3.environment(proxy.endpoint)
+        os.environ.update(env)  # measured processes inherit them (MDS and LitData read them)
+        os.environ["S3_ENDPOINT_URL"] = proxy.endpoint  # MosaicML streaming's variable
+        os.environ["AWS_ALLOW_HTTP"] = "true"  # obstore (LitData) refuses http:// otherwise
+        options = s3.storage_options(proxy.endpoint)
+        total = meta["total_bytes"]
+        shards = sorted(p.name for p in outs["shardprep"].glob("shard-*.tar"))
+        floor = {
+            "task": "get_floor",
+            "system": "floor",
+            "storage_options": options,
+            "urls": [f"bench/shardprep/{name}" for name in shards],
+            "concurrency": 8,
+            "samples": n,
+            "payload_bytes": total,
+        }
+        rows["floor | w0"] = repeat(cfg, lambda: _measure(cfg, floor, n, total), "floor")
+        rows["local | w0"] = _load_rows(cfg, "shardprep", str(outs["shardprep"]), {}, 0, n, total)
+        for system in systems:
+            peer = system.split()[0]
+            url = f"s3://bench/{peer}"
+            for w in workers:
+                cache = cfg.work / "remote-cache" / f"{system.replace(' ', '-')}-w{w}"
+                rm(cache)
+                remote = {
+                    "storage_options": options,
+                    "boto3_options": _boto3_options(env),
+                    "cache_dir": None if system == "shardprep" else str(cache),
+                }
+                for epoch in (1, 2) if remote["cache_dir"] else (1,):
+                    key = f"{system} | w{w} | epoch {epoch}"
+                    # epoch 1: every run starts from an empty cache; epoch 2: the last one's cache
+                    fresh = cache if epoch == 1 else None
+                    rows[key] = _load_rows(cfg, peer, url, {"remote": remote}, w, n, total, fresh)
+                rm(cache)
+    return {
+        "rows": rows,
+        "meta": {
+            "command": cfg.command,
+            "samples": n,
+            "payload_bytes": meta["total_bytes"],
+            "shards": SHARDS,
+            "latency_ms": latency * 1000,
+            "bandwidth_mbs": bandwidth / 1e6,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "minutes": (time.time() - started) / 60,
+            "loadavg": [load_before, os.getloadavg()[0]],
+            "repeats": cfg.repeats,
+            "cpus": os.cpu_count(),
+        },
+    }
+
+
+def _load_rows(
+    cfg: Config,
+    peer: str,
+    out: str,
+    params: dict[str, Any],
+    w: int,
+    n: int,
+    total: int,
+    empty: Path | None = None,
+) -> dict[str, Any]:
+    """One figure; ``empty``: a cache folder removed before every run."""
+    spec = {
+        "task": "load",
+        "system": peer,
+        "out": out,
+        "batch_size": BATCH,
+        "num_workers": w,
+        "params": {"shuffle": True, "batches": peer == "shardprep", **params},
+        # the storage client each system imports lazily counts as import time, not epoch time
+        "imports": IMPORTS[peer] if params.get("remote") else (),
+    }
+
+    def once() -> dict[str, Any]:
+        if empty is not None:
+            rm(empty)
+        return _measure(cfg, spec, n, total)
+
+    label = f"{peer} {out} w{w}{' cold' if empty else ''}"
+    return repeat(cfg, once, label)
+
+
+def _measure(cfg: Config, spec: dict[str, Any], n: int, total: int) -> dict[str, Any]:
+    res, _ = run_task(spec, cfg.timeout)
+    if "error" in res:
+        return res
+    res["mb_s"] = res["bytes"] / res["epoch_s"] / 1e6
+    res["complete"] = res["samples"] == n and res["bytes"] == total
+    return res
+
+
+def _upload(s3: Any, outs: dict[str, Path]) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+    for system, out in outs.items():
+        t = time.perf_counter()
+        fs.put(str(out), f"bench/{system}", recursive=True)
+        log(f"uploaded {system} in {time.perf_counter() - t:.1f}s")
+
+
+def _boto3_options(env: dict[str, str]) -> dict[str, str]:
+    """LitData's ``storage_options`` (boto3 client arguments)."""
+    return {
+        "endpoint_url": env["AWS_ENDPOINT_URL"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The rows as a markdown table (the analysis is written by hand around it)."""
+    rows, meta = result["rows"], result["meta"]
+    lines = [
+        f"`{meta['command']}` — {meta['samples']} samples, {meta['payload_bytes'] / 1e6:.0f} MB "
+        f"payload, {meta['shards']} shards, {meta['latency_ms']:g} ms per request, "
+        f"{meta['bandwidth_mbs']:g} MB/s per connection; {meta['when']}, "
+        f"{meta['minutes']:.1f} min, load average {meta['loadavg'][0]:.1f} → "
+        f"{meta['loadavg'][1]:.1f} on {meta['cpus']} CPUs",
+        "",
+        "| system | num_workers | epoch | MB/s | epoch s | TTFB s | MB/s after the first batch "
+        "| peak PSS MiB | complete |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, r in rows.items():
+        name, workers, *epoch = [part.strip() for part in key.split("|")]
+        head = f"| {LABELS.get(name, name)} | {workers[1:]} | {epoch[0] if epoch else ''} "
+        if "error" in r:
+            lines.append(head + f"| n/a: {r['error'][:120]} | | | | | |")
+            continue
+        ttfb = f"{r['ttfb_s']:.2f}" if r.get("ttfb_s") is not None else ""
+        after = (
+            f"{r['bytes'] / (r['epoch_s'] - r['ttfb_s']) / 1e6:.0f}"
+            if r.get("ttfb_s") is not None and r["epoch_s"] > r["ttfb_s"]
+            else ""
+        )
+        pss = f"{r['peak_pss'] / 2**20:.0f}" if r.get("peak_pss") else ""
+        lines.append(
+            head + f"| {r['mb_s']:.1f} | {r['epoch_s']:.2f} | {ttfb} | {after} | {pss} | "
+            f"{'yes' if r.get('complete') else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

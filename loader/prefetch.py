@@ -1,0 +1,427 @@
+"""Prefetch: a worker fetches the ranges it will read next, concurrently, in bounded memory.
+
+The epoch order is a pure function of (seed, epoch), so a worker knows its
+whole read schedule before it reads anything: the windows of
+``loader.shuffle.plan_windows`` over its pieces, each window one read per
+piece (``ShardReader.span``). ``planned_reads`` replays exactly that plan (the
+same windows, the same resume skip); ``plan_groups`` coalesces adjacent reads
+of one shard into groups of at most ``request_bytes``; ``ReadAhead`` keeps
+up to ``max_requests`` ranged GETs in flight on its own threads, at most
+``read_ahead_bytes`` fetched or being fetched beyond the read being served,
+and hands the bytes to the ``ShardReader`` (``read.RangeIO``) in plan order.
+The bytes are the same, in the same order: checksums are verified downstream
+as without read-ahead.
+
+Per worker, memory is one window (``shuffle_buffer_bytes``) plus
+``read_ahead_bytes`` (plus one request when a single read is larger).
+
+Threads start at the first read, inside the DataLoader worker (never in the
+process that forks it) and stop in ``close()`` (iterator end, close or an
+exception). Every wait has a deadline, and a failed fetch raises its error
+when its bytes are asked for, naming the file.
+
+With a local cache (``loader.cache``) a group's job is to make its shard
+present in the cache (downloading it whole, once per node) and to pin it;
+reads are then ``pread`` calls on the cached file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from loader.errors import UnreachableError
+from loader.order import SampleRange
+from loader.read import ShardReader
+from loader.shuffle import plan_windows
+from loader.source import BACKOFF_S, RETRIES, RemoteOptions, Source
+from shardprep.manifest import Manifest
+
+__all__ = ["Group", "Read", "ReadAhead", "attach_read_ahead", "plan_groups", "planned_reads"]
+
+log = logging.getLogger(__name__)
+
+INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
+MIN_RATE = 256 << 10  # bytes/s below which a transfer counts as stalled (wait deadlines)
+JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
+THREAD_NAME = "shardprep-read-ahead"
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read the ``ShardReader`` will make: ``size`` bytes of ``shard``'s file at ``offset``."""
+
+    shard: int
+    offset: int
+    size: int
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(slots=True)
+class Group:
+    """Consecutive planned reads of one shard covered by one byte span ``[start, stop)``."""
+
+    shard: int
+    start: int
+    stop: int
+    reads: list[Read] = field(default_factory=list)
+
+
+def planned_reads(
+    pieces: list[SampleRange], reader: ShardReader, skip: int, max_samples: int, max_bytes: int
+) -> Iterator[Read]:
+    """The reads ``windowed_stream`` makes, in order (the same windows, the same resume skip)."""
+    for window in plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes):
+        size = sum(len(piece) for piece in window)
+        if skip >= size:
+            skip -= size  # windowed_stream skips this window without reading it
+            continue
+        skip = 0
+        for piece in window:
+            yield Read(piece.shard, *reader.span(piece))
+
+
+def plan_groups(reads: Iterator[Read], request_bytes: int) -> Iterator[Group]:
+    """Group ``reads`` in order: a read joins the group before it when it is of the same shard,
+    starts inside or right at the end of the group's span (zstd frames shared by two windows
+    overlap) and the span stays within ``request_bytes``. A larger read is a group of its own."""
+    group: Group | None = None
+    for read in reads:
+        if (
+            group is not None
+            and read.shard == group.shard
+            and group.start <= read.offset <= group.stop
+            and max(group.stop, read.stop) - group.start <= request_bytes
+        ):
+            group.stop = max(group.stop, read.stop)
+            group.reads.append(read)
+            continue
+        if group is not None:
+            yield group
+        group = Group(read.shard, read.offset, read.stop, [read])
+    if group is not None:
+        yield group
+
+
+class _Job:
+    """A unit of work for the pool: its result, or its error, once done."""
+
+    __slots__ = ("done", "error", "fn", "value")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as err:  # handed to the consumer, which re-raises it
+            self.error = err
+        finally:
+            self.done.set()
+
+
+class _Pool:
+    """A few daemon threads running jobs by priority, then in submission order; started at the
+    first submit."""
+
+    def __init__(self, threads: int) -> None:
+        self._size = threads
+        # (priority, sequence, job): index files (0) before data (1), else first come first served
+        self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
+        self._sequence = 0
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+
+    def submit(self, fn: Callable[[], Any], priority: int = 1) -> _Job:
+        if self._closed.is_set():
+            raise RuntimeError("read-ahead is closed")
+        if not self._threads:
+            for i in range(self._size):
+                thread = threading.Thread(target=self._work, name=f"{THREAD_NAME}-{i}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        job = _Job(fn)
+        self._sequence += 1
+        self._queue.put((priority, self._sequence, job))
+        return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()[2]
+            if job is None or self._closed.is_set():
+                if job is not None:
+                    job.error = RuntimeError("read-ahead closed before this job ran")
+                    job.done.set()
+                return
+            job.run()
+
+    def close(self) -> None:
+        """Drop queued jobs and stop every thread (each after its current job, bounded)."""
+        self._closed.set()
+        for i in range(len(self._threads)):
+            self._queue.put((-1, i, None))  # ahead of every job
+        for thread in self._threads:
+            thread.join(JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                log.warning("%s still busy with a request %.0f s after close", thread.name, 5.0)
+        self._threads = []
+
+
+class _Pending:
+    """A submitted group: its jobs and how many of its reads remain.
+
+    ``parts`` are ``(file offset, job)``: a streamed group is fetched as parts of at most
+    ``request_bytes`` in parallel (bytes); a cached group is one job (a pinned file, or the
+    group's bytes when the cache had no room).
+    """
+
+    __slots__ = ("cost", "group", "parts", "remaining")
+
+    def __init__(self, group: Group, parts: list[tuple[int, _Job]], cost: int) -> None:
+        self.group, self.parts, self.cost = group, parts, cost
+        self.remaining = len(group.reads)
+
+
+class ReadAhead:
+    """A ``read.RangeIO`` that fetches planned reads ahead on a few threads (see the module doc)."""
+
+    def __init__(
+        self,
+        source: Source,
+        manifest: Manifest,
+        reads: Iterator[Read],
+        shard_order: Sequence[int],
+        options: RemoteOptions,
+        cache: Any = None,
+    ) -> None:
+        self._source, self._manifest, self._options = source, manifest, options
+        self._groups = plan_groups(reads, options.request_bytes)
+        self._cache = cache  # a loader.cache.ShardCache, or None: stream into memory
+        self._pool = _Pool(options.max_requests)
+        self._pending: deque[_Pending] = deque()
+        self._budget = 0  # bytes held or in flight ahead (see _cost)
+        self._pinned: dict[int, int] = {}  # cache mode: outstanding groups per shard
+        self._exhausted = False
+        self._order = list(dict.fromkeys(shard_order))  # shards in order of first use
+        self._next_index = 0
+        self._index_jobs: dict[int, _Job] = {}
+        self._closed = False
+        self.misses = 0  # reads that were not the next planned one (served directly)
+
+    # --- RangeIO --------------------------------------------------------------------
+
+    def index_bytes(self, shard: int) -> bytes:
+        """The index file of ``shard``: fetched ahead when it is among the next shards."""
+        self._prefetch_indexes(shard)
+        job = self._index_jobs.pop(shard, None)
+        if job is None:
+            data: bytes = self._fetch_index(shard)
+            return data
+        entry = self._manifest.shards[shard]
+        return self._wait(job, entry.index_file, entry.index_bytes)  # type: ignore[no-any-return]
+
+    def read(self, shard: int, offset: int, size: int) -> bytes:
+        """The next planned read's bytes (fetched ahead); any other read is made directly."""
+        self._top_up()
+        head = self._pending[0] if self._pending else None
+        want = Read(shard, offset, size)
+        if head is None or head.group.reads[len(head.group.reads) - head.remaining] != want:
+            self.misses += 1  # a plan that diverged from the reader: correct, but slow
+            log.warning("read-ahead: %s was not the planned next read; reading it directly", want)
+            return self._direct(want)
+        try:
+            data = self._gather(head, want)
+        finally:
+            head.remaining -= 1
+            if head.remaining == 0:
+                self._release(self._pending.popleft())
+        self._top_up()
+        return data
+
+    def close(self) -> None:
+        """Stop the threads and unpin every cached file; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.close()
+        while self._pending:
+            self._release(self._pending.popleft())
+
+    # --- planning -------------------------------------------------------------------
+
+    def _top_up(self) -> None:
+        """Submit groups until ``read_ahead_bytes`` are ahead (always at least one group)."""
+        limit = self._options.read_ahead_bytes
+        while (
+            not self._exhausted and not self._closed and (not self._pending or self._budget < limit)
+        ):
+            group = next(self._groups, None)
+            if group is None:
+                self._exhausted = True
+                return
+            cost = self._cost(group)
+            self._budget += cost
+            self._pending.append(_Pending(group, self._submit(group), cost))
+
+    def _cost(self, group: Group) -> int:
+        """Memory held for a streamed group; for a cached one, its shard's bytes once per shard."""
+        if self._cache is None:
+            return group.stop - group.start
+        count = self._pinned.get(group.shard, 0)
+        self._pinned[group.shard] = count + 1
+        return 0 if count else self._manifest.shards[group.shard].num_bytes
+
+    def _release(self, pending: _Pending) -> None:
+        self._budget -= pending.cost
+        if self._cache is not None:
+            count = self._pinned[pending.group.shard] - 1
+            if count:
+                self._pinned[pending.group.shard] = count
+            else:
+                del self._pinned[pending.group.shard]
+        for _, job in pending.parts:
+            if job.done.is_set() and job.value is not None and not isinstance(job.value, bytes):
+                job.value.close()  # unpin a cached file (a job still running at close: GC does)
+
+    def _prefetch_indexes(self, current: int) -> None:
+        """Fetch ahead the index files of the next ``INDEX_AHEAD`` shards after ``current``."""
+        if current in self._order[self._next_index :]:
+            self._next_index = max(self._next_index, self._order.index(current) + 1)
+        for shard in self._order[self._next_index : self._next_index + INDEX_AHEAD]:
+            if shard not in self._index_jobs and not self._closed:
+                self._index_jobs[shard] = self._pool.submit(
+                    partial(self._fetch_index, shard), priority=0
+                )
+
+    # --- fetching (pool threads) -----------------------------------------------------
+
+    def _fetch_index(self, shard: int) -> bytes:
+        entry = self._manifest.shards[shard]
+        if self._cache is not None:
+            cached = self._cache.read_index(entry)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+        return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
+
+    def _submit(self, group: Group) -> list[tuple[int, _Job]]:
+        """The group's jobs: its parts (streaming), or its shard made present in the cache."""
+        entry = self._manifest.shards[group.shard]
+        stop = min(group.stop, entry.num_bytes)
+        if self._cache is not None:
+            cache = self._cache
+
+            def cached() -> Any:
+                pinned = cache.open(entry)
+                if pinned is not None:
+                    return pinned
+                return (
+                    self._source.fetch(entry.file, group.start, stop) if stop > group.start else b""
+                )
+
+            return [(group.start, self._pool.submit(cached))]
+        step = self._options.request_bytes
+        starts = range(group.start, max(stop, group.start + 1), step)
+        return [
+            (
+                start,
+                self._pool.submit(partial(self._fetch, entry.file, start, min(start + step, stop))),
+            )
+            for start in starts
+        ]
+
+    def _fetch(self, name: str, start: int, stop: int) -> bytes:
+        return self._source.fetch(name, start, stop) if stop > start else b""
+
+    def _direct(self, read: Read) -> bytes:
+        entry = self._manifest.shards[read.shard]
+        return self._source.fetch(entry.file, read.offset, read.stop) if read.size else b""
+
+    # --- consuming ------------------------------------------------------------------
+
+    def _gather(self, pending: _Pending, read: Read) -> bytes:
+        """The bytes of ``read`` from its group's parts (waiting for the ones it needs)."""
+        name = self._manifest.shards[read.shard].file
+        parts = pending.parts
+        chunks: list[bytes] = []
+        for i, (start, job) in enumerate(parts):
+            end = parts[i + 1][0] if i + 1 < len(parts) else pending.group.stop
+            if end <= read.offset and i + 1 < len(parts):
+                continue
+            if start >= read.stop and chunks:
+                break
+            value = self._wait(job, name, end - start)
+            if not isinstance(value, bytes):  # a pinned cached file
+                data: bytes = os.pread(value.fileno(), read.size, read.offset)
+                return data
+            if start == read.offset and len(value) == read.size:
+                return value  # exactly this read: no copy
+            chunks.append(value[max(0, read.offset - start) : read.stop - start])
+        return b"".join(chunks)
+
+    def _wait(self, job: _Job, name: str, size: int) -> Any:
+        """``job``'s result within its deadline; its error re-raised as it is."""
+        options = self._options
+        timeout = RETRIES * (options.connect_timeout_s + options.read_timeout_s + size / MIN_RATE)
+        timeout += BACKOFF_S * 2**RETRIES
+        if self._cache is not None:
+            timeout += self._cache.lock_timeout_s
+        if not job.done.wait(timeout):
+            raise UnreachableError(
+                f"{self._source.path(name)}: no answer within {timeout:.0f} s (read-ahead); "
+                "check the network and the server, or lower RemoteOptions.request_bytes",
+                url=self._source.path(name),
+            )
+        if job.error is not None:
+            raise job.error
+        return job.value
+
+
+def attach_read_ahead(
+    reader: ShardReader,
+    source: Source,
+    manifest: Manifest,
+    pieces: list[SampleRange],
+    skip: int,
+    max_samples: int,
+    max_bytes: int,
+) -> None:
+    """Give ``reader`` a read-ahead (and the cache) when reading a remote output with them on.
+
+    Local outputs keep direct reads: a page-cache ``pread`` has no latency to hide.
+    """
+    options = source.options
+    if not source.remote:
+        return
+    cache = None
+    if options.cache_dir is not None:
+        from loader.cache import ShardCache
+
+        cache = ShardCache.for_output(source, manifest)
+    if options.read_ahead_bytes == 0 and cache is None:
+        return
+    if options.read_ahead_bytes == 0:
+        options = _replace_read_ahead(options)
+    reads = planned_reads(pieces, reader, skip, max_samples, max_bytes)
+    reader.io = ReadAhead(
+        source, manifest, reads, [piece.shard for piece in pieces], options, cache
+    )
+
+
+def _replace_read_ahead(options: RemoteOptions) -> RemoteOptions:
+    """With a cache but no read-ahead: one group at a time (each still served from the cache)."""
+    from dataclasses import replace
+
+    return replace(options, read_ahead_bytes=1, max_requests=1)
