@@ -278,6 +278,11 @@ def render(cfg: Config, out: Path) -> None:
         "- Sections run: " + "; ".join(runs) + ". The 1-minute load average is "
         "recorded because other jobs on this 2-core machine skew the figures.",
         "",
+        "More scenarios, each on its own page with its command: "
+        "[benchmarks-feeding.md](benchmarks-feeding.md) (the batch path and the worker "
+        "hand-off), [benchmarks-remote.md](benchmarks-remote.md) (object storage), "
+        "[benchmarks-build.md](benchmarks-build.md) (build engines and build memory).",
+        "",
         "## Method",
         "",
         "- Every measured run is a fresh Python subprocess (`python -m bench.runner`), so peak "

@@ -11,13 +11,15 @@ against 0.5 of user time.
 Instead each worker owns one shared-memory ring (made once, at its first large
 batch, holding a few batches) and writes each batch's packed payloads into it.
 The first batch from a ring carries the ring itself (its file descriptor,
-once); every later one carries only ``(offset, size)``. When the main process
-unpickles a batch it copies the payload out of the ring into an ordinary
-tensor and adds the bytes to the ring's ``released`` counter, which the worker
-reads before writing again. A worker's batches are unpickled in the order it
-made them (one queue, first in, first out), so released bytes are always the
-oldest ones; and nothing ever waits: a batch that does not fit in the free
-part of the ring is made in fresh shared memory as before.
+once); every later one carries only ``(offset, size)``. In the main process the
+payload arrives as a tensor over the ring's bytes, without a copy. When that
+tensor and every view of it are freed (``pin_memory`` frees it at once, having
+copied it), its bytes are released: the oldest payloads of a ring first, so a
+payload freed early waits for the older ones, and the ring's ``released``
+counter, which the worker reads before writing again, only ever covers bytes
+nobody holds. Nothing ever waits: a batch that does not fit in the free part
+of the ring (a consumer keeping many batches, say) is made in fresh shared
+memory as before.
 
 The main process keeps the rings it receives in a table (``_received``), the
 one piece of process-wide state here: an unpickling function has no other
@@ -26,7 +28,7 @@ ring arrives, the rings of workers that have exited are dropped, so the table
 holds one ring per live worker (several DataLoaders at once included).
 
 The hand-over relies on the processor not making the main process's counter
-update visible before its copy's reads: true on x86-64 (total store order),
+update visible before the reads of the freed payload: true on x86-64 (total store order),
 not promised on ARM. ``RINGS`` is therefore False elsewhere, and batches are
 made in fresh shared memory there, as before.
 """
@@ -37,8 +39,11 @@ import os
 import platform
 import threading
 import uuid
+import weakref
+from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["RINGS", "Arena", "Ticket"]
@@ -118,12 +123,33 @@ class Arena:
 
 
 class _Ring:
-    __slots__ = ("counter", "data", "owner", "released", "view")
+    """A worker's ring as the receiving process sees it, and which of its bytes are in use."""
+
+    __slots__ = ("counter", "data", "lock", "owner", "pending", "released", "view")
 
     def __init__(self, owner: int, data: torch.Tensor, released: torch.Tensor) -> None:
         self.owner, self.data, self.released = owner, data, released  # kept: they own the memory
         self.view = memoryview(data.numpy())  # type: ignore[arg-type]
         self.counter = released.numpy()  # the worker reads it; only this process adds to it
+        self.pending: deque[list[int]] = deque()  # [bytes, freed] per payload, oldest first
+        self.lock = threading.Lock()  # payloads are freed in any thread, in any order
+
+    def lend(self, begin: int, size: int, consumed: int) -> torch.Tensor:
+        """A tensor over the payload's bytes in the ring (no copy), released when it is freed."""
+        array = np.frombuffer(self.view, dtype=np.uint8, count=size, offset=begin)
+        slot = [consumed, 0]
+        with self.lock:
+            self.pending.append(slot)
+        # The tensor's storage holds ``array``; once no tensor or view of it is left, ``array``
+        # goes and its bytes return to the worker.
+        weakref.finalize(array, self._free, slot)
+        return torch.from_numpy(array)
+
+    def _free(self, slot: list[int]) -> None:
+        with self.lock:
+            slot[1] = 1
+            while self.pending and self.pending[0][1]:  # the worker reuses its oldest bytes first
+                self.counter[0] += self.pending.popleft()[0]
 
 
 _received: dict[str, _Ring] = {}
@@ -138,7 +164,7 @@ def _receive(
     consumed: int,
     storage: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
-    """In the receiving process: a copy of the payload, and its bytes released to the worker."""
+    """In the receiving process: the payload, lent from the ring until it is freed."""
     with _lock:
         if storage is not None:
             for stale in [k for k, r in _received.items() if not _alive(r.owner)]:
@@ -151,10 +177,7 @@ def _receive(
             "which this process never received: a batch made in a ShardDataset worker is "
             "unpickled once, by the DataLoader that started the worker"
         )
-    # through a bytearray: torch.empty + copy_ costs 3x as much here (fresh pages, two threads)
-    out = bytearray(entry.view[begin : begin + size])
-    entry.counter[0] += consumed
-    return torch.frombuffer(out, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+    return entry.lend(begin, size, consumed)
 
 
 def _alive(pid: int) -> bool:

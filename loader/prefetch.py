@@ -80,11 +80,11 @@ class Group:
 def planned_reads(
     pieces: list[SampleRange], reader: ShardReader, skip: int, max_samples: int, max_bytes: int
 ) -> Iterator[Read]:
-    """The reads ``windowed_stream`` makes, in order (the same windows, the same resume skip)."""
+    """The reads ``shuffled_windows`` makes, in order (the same windows, the same resume skip)."""
     for window in plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes):
         size = sum(len(piece) for piece in window)
         if skip >= size:
-            skip -= size  # windowed_stream skips this window without reading it
+            skip -= size  # shuffled_windows skips this window without reading it
             continue
         skip = 0
         for piece in window:

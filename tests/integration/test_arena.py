@@ -87,3 +87,33 @@ def test_rings_of_exited_workers_are_dropped(big: Path) -> None:
         del loader
         assert len(arena._received) == 2  # this epoch's: the exited workers' rings are gone
     assert len({ring.owner for ring in arena._received.values()}) == 2
+
+
+@pytest.mark.parametrize("keep", [2, 1])
+def test_batches_the_consumer_keeps_keep_their_bytes(
+    big: Path, keep: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload is a view of the ring until freed: batches kept while later ones arrive (every
+    other one, freed out of order; or all of them, filling the ring) still hold their bytes."""
+    reference = {}
+    for epoch in range(4):
+        ds = ShardDataset(str(big), batch_size=32, seed=5)
+        ds.set_epoch(epoch)
+        reference |= {(epoch, i): b["bin"].tolist() for i, b in enumerate(ds)}
+    monkeypatch.setattr(arena, "MIN_BYTES", 0)
+    monkeypatch.setattr(arena, "BATCHES", 3)
+    ds = ShardDataset(str(big), batch_size=32, seed=5)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=1, persistent_workers=True, prefetch_factor=2
+    )
+    kept, ring = {}, 0
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            ring += not batch["bin"].data.is_shared()
+            if (epoch * 8 + i) % keep == 0:
+                kept[epoch, i] = batch
+            del batch  # the others are freed here, before the next one arrives
+    assert ring > 4 and len(kept) == len(reference) // keep
+    for where, batch in kept.items():
+        assert batch["bin"].tolist() == reference[where], where

@@ -12,7 +12,7 @@ from loader.order import epoch_order
 from loader.partition import partition, slot_counts
 from loader.prefetch import Read, plan_groups, planned_reads
 from loader.read import ShardReader
-from loader.shuffle import ErrorPolicy, windowed_stream
+from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
 from loader.world import World
 
@@ -84,7 +84,8 @@ def test_the_plan_is_the_reads_the_stream_makes(
         reader = RecordingReader(source, manifest)
         planner = ShardReader(source, manifest)
         plan = list(planned_reads(pieces, planner, skip, window, window_bytes))
-        stream = windowed_stream(
+        policy = ErrorPolicy("raise", 1)
+        windows = shuffled_windows(
             pieces,
             reader,
             shuffle=True,
@@ -92,8 +93,9 @@ def test_the_plan_is_the_reads_the_stream_makes(
             skip=skip,
             max_samples=window,
             max_bytes=window_bytes,
-            policy=ErrorPolicy("raise", 1),
+            policy=policy,
         )
+        stream = sample_stream(windows, policy)
         try:
             for _ in stream:
                 pass
