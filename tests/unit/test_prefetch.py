@@ -49,9 +49,9 @@ class RecordingReader(ShardReader):
         super().__init__(*args, **kwargs)
         self.made: list[Read] = []
 
-    def _pread(self, piece: Any, index: Any, offset: int, size: int) -> bytes:
+    def _pread_into(self, piece: Any, offset: int, size: int, pool: Any) -> Any:
         self.made.append(Read(piece.shard, offset, size))
-        return super()._pread(piece, index, offset, size)
+        return super()._pread_into(piece, offset, size, pool)
 
 
 @settings(max_examples=15)
