@@ -8,8 +8,9 @@ duplicate keys) before anything is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -95,10 +96,12 @@ def scan(
     label_column: str | None = None,
     workers: int = 1,
     detected: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Inventory:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``workers`` > 1 scans class folders in parallel processes (same result).
+    ``storage_options`` are fsspec's, for a listing that names URLs.
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -116,7 +119,7 @@ def scan(
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(raw, count, path_column, label_column)
+        inventory = scan_listing(raw, count, path_column, label_column, storage_options)
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(os.path.abspath(raw), count, workers)
     elif fmt is InputFormat.KEYED:

@@ -1,6 +1,7 @@
 """Scanner for a CSV or JSONL listing: one row per sample, a path column and an optional label.
 
-Paths are relative to the listing's folder and must stay inside it. Columns
+Paths are relative to the listing's folder and must stay inside it, or are all
+URLs of one protocol (``s3://bucket/img/0001.jpg``, read through fsspec). Columns
 other than path and label become the sample's ``.json`` member. Each listed
 file is stat'ed, not read.
 """
@@ -12,13 +13,16 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardprep.errors import InputError
 from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.remote_input import remote_sizes
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import Problems, Tick
+from shardprep.storage import is_url
 
 __all__ = ["scan_listing"]
 
@@ -66,21 +70,32 @@ def _rows(listing: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def scan_listing(
-    listing: str, tick: Tick, path_column: str = "path", label_column: str | None = None
+    listing: str,
+    tick: Tick,
+    path_column: str = "path",
+    label_column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Inventory:
     """Inventory of the files a listing names.
 
-    ``label_column=None`` uses a ``label`` column when the listing has one.
+    ``label_column=None`` uses a ``label`` column when the listing has one. Paths are
+    either all relative to the listing's folder, or all URLs of one protocol
+    (``s3://bucket/img/0001.jpg``, as the first row's path decides), whose sizes are asked
+    for concurrently with ``storage_options`` (:func:`~shardprep.remote_input.remote_sizes`).
+    A URL sample's stem, and so its key, is its URL without the ``protocol://``.
 
     Raises:
         InputError: missing column, a path outside the listing's folder, a
-            missing file, or labels on some rows only.
+            missing file or object, labels on some rows only, URLs and relative paths mixed.
     """
     root = os.path.dirname(os.path.abspath(listing))
-    builder = InventoryBuilder(root, with_meta=True)
     labels, problems, confined = LabelTable(), Problems(), _Confinement(root)
     first, labelled_line, unlabelled = True, 0, 0
     unlabelled_lines: list[int] = []
+    scheme = ""  # "protocol://" when the listing names URLs
+    builder = InventoryBuilder(root, with_meta=True)
+    urls: list[str] = []  # URL listings: sizes are asked for after the rows are read
+    url_lines = array("Q")
     for number, row in _rows(listing):
         where = f"{listing}:{number}"
         if first:
@@ -94,29 +109,17 @@ def scan_listing(
                 label_column = "label" if "label" in row else ""
             elif label_column not in row:
                 raise InputError(f"{where}: no label column {label_column!r}", listing)
+            first_path = str(row.get(path_column) or "")
+            if is_url(first_path):
+                scheme = first_path.partition("://")[0] + "://"
+                builder = InventoryBuilder(scheme, with_meta=True)
             first = False
         rel = str(row.get(path_column) or "")
-        norm = os.path.normpath(rel) if rel else ""
-        if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
-            problems.add(where, f"path {rel!r} is empty or outside the listing's folder {root}")
+        located = _url_row(rel, scheme) if scheme else _local_row(rel, root, confined)
+        if isinstance(located, str):
+            problems.add(where, located)
             continue
-        stem, dot, ext = norm.replace(os.sep, "/").rpartition(".")
-        if not dot or "/" in ext:
-            problems.add(where, f"{rel!r} has no extension; it names the sample's part")
-            continue
-        full = os.path.join(root, norm)
-        try:
-            size = confined.size(full)
-        except _Outside as err:
-            problems.add(
-                where,
-                f"{rel!r} resolves to {err}, outside the listing's folder {root} "
-                "(symlinks are resolved); copy the file in or move the listing up",
-            )
-            continue
-        except OSError as err:
-            problems.add(where, f"cannot stat {full} ({err.strerror or err})")
-            continue
+        path, stem, ext, size = located
         label_value = row.get(label_column) if label_column else None
         label = UNLABELLED
         if isinstance(label_value, bool) or not isinstance(label_value, (str, int, type(None))):
@@ -131,9 +134,21 @@ def scan_listing(
                 unlabelled_lines.append(number)
         meta = {k: v for k, v in row.items() if k not in (path_column, label_column)}
         builder.add(stem, label, [(ext, size, -1)], meta=json.dumps(meta).encode() if meta else b"")
-        tick(1)
+        if scheme:
+            urls.append(path)
+            url_lines.append(number)
+        else:
+            tick(1)
     if first:
         raise InputError(f"{listing}: the listing has no rows", listing)
+    if urls:  # the sizes of the listed objects, asked for concurrently
+        sizes = remote_sizes(urls, storage_options)
+        for number, found in zip(url_lines, sizes, strict=True):
+            if isinstance(found, OSError):
+                problems.add(f"{listing}:{number}", f"cannot stat {found}")
+        if not problems.items:
+            builder.set_part_sizes([int(s) for s in sizes if not isinstance(s, OSError)])
+            tick(len(urls))
     if len(labels) and unlabelled:
         for number in unlabelled_lines:
             problems.add(
@@ -143,6 +158,44 @@ def scan_listing(
             )
     problems.raise_if_any()
     return labels.freeze(builder)
+
+
+def _local_row(rel: str, root: str, confined: _Confinement) -> tuple[str, str, str, int] | str:
+    """(path, stem, extension, size) of a path relative to the listing, or the problem with it."""
+    if is_url(rel):
+        return (
+            f"path {rel!r} is a URL while the first row's path is not; a listing names "
+            "either paths relative to its folder or URLs of one protocol"
+        )
+    norm = os.path.normpath(rel) if rel else ""
+    if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
+        return f"path {rel!r} is empty or outside the listing's folder {root}"
+    stem, dot, ext = norm.replace(os.sep, "/").rpartition(".")
+    if not dot or "/" in ext:
+        return f"{rel!r} has no extension; it names the sample's part"
+    full = os.path.join(root, norm)
+    try:
+        return full, stem, ext, confined.size(full)
+    except _Outside as err:
+        return (
+            f"{rel!r} resolves to {err}, outside the listing's folder {root} "
+            "(symlinks are resolved); copy the file in or move the listing up"
+        )
+    except OSError as err:
+        return f"cannot stat {full} ({err.strerror or err})"
+
+
+def _url_row(url: str, scheme: str) -> tuple[str, str, str, int] | str:
+    """(url, stem, extension, size 0 until asked) of a listed URL, or the problem with it."""
+    if not url.startswith(scheme):
+        return (
+            f"path {url!r} is not a {scheme} URL like the first row's; a listing names "
+            "either URLs of one protocol or paths relative to its folder"
+        )
+    stem, dot, ext = url[len(scheme) :].rpartition(".")
+    if not dot or "/" in ext or not stem:
+        return f"{url!r} has no extension; it names the sample's part"
+    return url, stem, ext, 0
 
 
 class _Outside(Exception):
