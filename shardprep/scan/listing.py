@@ -145,7 +145,7 @@ def scan_listing(
         sizes = remote_sizes(urls, storage_options)
         for number, found in zip(url_lines, sizes, strict=True):
             if isinstance(found, OSError):
-                problems.add(f"{listing}:{number}", f"cannot stat {found}")
+                problems.add(f"{listing}:{number}", f"cannot stat {found.strerror or found}")
         if not problems.items:
             builder.set_part_sizes([int(s) for s in sizes if not isinstance(s, OSError)])
             tick(len(urls))
