@@ -6,6 +6,7 @@ same input and options.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -219,47 +220,43 @@ def test_unknown_protocol_and_missing_backend(raw: Path, monkeypatch: pytest.Mon
 
 
 # A build whose uploads crawl (the proxy delays every 64 KiB the client sends), run as the
-# CLI in its own session so SIGKILL takes the whole process group.
-def test_killed_mid_upload_then_resume(
-    s3: S3Server, bucket: str, proxy: Proxy, tmp_path: Path
+# CLI in its own session: SIGKILL takes the whole process group, SIGINT reaches every process
+# of it as a terminal's Ctrl-C does.
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_stopped_mid_upload_then_resume(
+    s3: S3Server, bucket: str, proxy: Proxy, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    raw = write_class_folders(tmp_path / "raw", {"a": 40, "b": 24}, repeat=600)  # ~8 MB
+    raw = write_class_folders(tmp_path / "raw", {"a": 40, "b": 24}, repeat=600)  # ~16 MB
     url, shards = f"s3://{bucket}/out", 8
     proxy.latency = 0.03  # ≈ 2 MB/s per connection for uploads
-    env = s3.environment(proxy.endpoint)
+    command = [sys.executable, "-m", "shardprep", "build", str(raw), url, "-n", str(shards)]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shardprep",
-            "build",
-            str(raw),
-            url,
-            "-n",
-            str(shards),
-            "-j",
-            "2",
-            "-q",
-        ],
+        [*command, "-j", "2", "-q"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, **env},
+        text=True,
+        env={**os.environ, **s3.environment(proxy.endpoint)},
         start_new_session=True,
     )
     fs = _filesystem(s3)
     try:
         deadline = time.monotonic() + 60
-        while True:
-            names = set(_objects_names(fs, f"{bucket}/out"))
-            if any(n.endswith(".tar") for n in names):
-                break
-            assert process.poll() is None, process.stderr.read().decode()  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, f"no shard was uploaded in time: {names}"
+        while not any(n.endswith(".tar") for n in _objects_names(fs, f"{bucket}/out")):
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "no shard was uploaded in time"
             time.sleep(0.02)  # polling interval only
+        os.killpg(process.pid, sig)
+        _, stderr = process.communicate(timeout=60)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
-        process.stderr.close()  # type: ignore[union-attr]
+    if sig == signal.SIGINT:
+        assert process.returncode == 130, stderr
+        assert stderr.strip().splitlines()[-1] == (
+            f"interrupted; the finished shards are kept in {url}: run the same command "
+            "with --resume to finish the build"
+        )
     names = set(_objects_names(fs, f"{bucket}/out"))
     assert "manifest.json" not in names  # a reader never sees a manifest of an unfinished build
     assert JOURNAL_NAME in names
@@ -267,8 +264,10 @@ def test_killed_mid_upload_then_resume(
     assert 1 <= len(tars) < shards
     assert all(n.replace(".tar", ".idx") in names for n in tars)  # index uploaded first
 
-    result = _cli(
-        str(raw), url, "-n", str(shards), "-j", "2", "--resume", "--json", env=s3.environment()
+    result = run_bounded(
+        [*command, "-j", "2", "--resume", "--json"],
+        timeout=120,
+        env={**os.environ, **s3.environment()},
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["reused_shards"] == len(tars)
