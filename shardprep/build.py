@@ -336,12 +336,14 @@ def _write_parallel(
     writing per worker (they give up at their next progress report), and this
     returns or raises only once every worker has stopped.
     """
-    mp = mp_context()
+    mp = mp_context(network=is_url(context.inventory.root))  # inputs listed by URL
     channel = _Channel(mp.Value("q", 0), mp.Event())
     records: dict[int, ShardRecord] = {}
     with (
         _Bar(total=total, desc="write", unit=" samples", disable=not progress) as bar,
-        worker_pool(workers, _init_worker, (context, channel), stop=channel.stop.set) as pool,
+        worker_pool(
+            workers, _init_worker, (context, channel), stop=channel.stop.set, context=mp
+        ) as pool,
     ):
         waiting = deque(todo)
         pending: dict[Future[ShardRecord], int] = {}

@@ -138,7 +138,7 @@ def _journal_record(config: BuildConfig, fingerprint: str) -> dict[str, Any]:
     return {"input_fingerprint": fingerprint, "options": config.output_options()}
 
 
-def _check_journal(out: str, where: str, previous: object, record: dict[str, Any]) -> None:
+def _check_journal(out: str, previous: object, record: dict[str, Any]) -> None:
     if previous != record:
         raise InputError(
             f"{out}: the interrupted build used other input or options; rerun it with "
@@ -201,7 +201,7 @@ class LocalDestination:
                     f"{path}: the build journal is unreadable ({err}); start over with --overwrite",
                     path,
                 ) from err
-            _check_journal(out, path, previous, record)
+            _check_journal(out, previous, record)
             return
         tmp = os.path.join(out, f"{JOURNAL_NAME}.partial")
         try:
@@ -490,7 +490,7 @@ class RemoteDestination:
                     f"{url}: the build journal is unreadable ({err}); start over with --overwrite",
                     url,
                 ) from err
-            _check_journal(self.out, url, previous, record)
+            _check_journal(self.out, previous, record)
             self._journal_written = True
             return
         data = json.dumps(record, sort_keys=True).encode()
