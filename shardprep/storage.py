@@ -11,8 +11,8 @@ as botocore reads them).
 
 For S3 the defaults bound every wait (:data:`S3_DEFAULTS`): a 5 s connect timeout and a 15 s
 read timeout (a wait for the next bytes, not a whole transfer; s3fs's own defaults, stated),
-and botocore's "standard" retry mode with 3 attempts in all (it retries refused connections,
-throttling and 5xx answers; its default "legacy" mode makes 5). s3fs retries read timeouts and
+and botocore's "standard" retry mode with ``max_attempts`` 3 (botocore counts retries there:
+4 attempts in all; it retries refused connections, throttling and 5xx answers). s3fs retries read timeouts and
 bodies cut short 5 times on top, so an endpoint that accepts connections and never answers
 takes minutes to fail at these settings: the build's first contact with OUT therefore has an
 overall deadline of its own (``destination.CONTACT_TIMEOUT_S``).
@@ -23,6 +23,7 @@ the other defaults of ``config_kwargs``.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -99,7 +100,8 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tupl
         extra = _EXTRAS.get(protocol)
         how = f'pip install "shardprep[{extra}]"' if extra else f"{err}".rstrip(".")
         raise OutputError(f"{url}: the {protocol}:// backend is not installed: {how}", url) from err
-    defaults: dict[str, Any] = S3_DEFAULTS if protocol in _EXTRAS else {}
+    # a deep copy: botocore rewrites the ``retries`` dict it is given in place
+    defaults: dict[str, Any] = copy.deepcopy(S3_DEFAULTS) if protocol in _EXTRAS else {}
     protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
     configured = {key for p in protocols for key in fsspec.config.conf.get(p, {})}
     defaults = {k: v for k, v in defaults.items() if k not in configured}
