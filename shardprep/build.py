@@ -1,18 +1,18 @@
 """Build: the orchestrator, scan → plan → write (in parallel) → manifest.
 
-The only module that knows every stage. It owns the output folder's life
-cycle (refuse, overwrite, resume), the worker processes and the progress bars;
-the stages themselves stay pure or single-shard.
+The only module that knows every stage. It drives the output's life cycle
+(refuse, overwrite, resume, publish) through a :mod:`~shardprep.destination`
+(a local folder, or an fsspec URL with local staging), and the parallel scan
+and write through an :mod:`~shardprep.engine` (local processes, or Ray); the
+stages themselves stay pure or single-shard.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -22,22 +22,18 @@ import numpy as np
 from tqdm import tqdm
 
 from shardprep.config import BuildConfig, default_workers
+from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
-from shardprep.errors import BuildInterrupted, InputError, OutputError, WriteError
+from shardprep.errors import BuildInterrupted, InputError, WriteError
 from shardprep.inventory import Inventory, SampleRef
-from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records, write_manifest
+from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan import plan_shards
 from shardprep.scan import InputFormat, detect_format, scan
-from shardprep.shardformat import MANIFEST_NAME, shard_name
+from shardprep.storage import is_url
 from shardprep.weighting import Selection, select_samples
-from shardprep.write import ShardRecord, record_from_files
+from shardprep.write import ShardRecord
 
-__all__ = ["BuildSummary", "build"]
-
-_OWN_FILE = re.compile(r"^\.?(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json)(\.partial)?$")
-_PARTIAL_FILE = re.compile(
-    r"^\.(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json|shardprep-build\.json)\.partial$"
-)
+__all__ = ["JOURNAL_NAME", "BuildSummary", "build"]
 
 
 class _Bar(tqdm):  # type: ignore[misc]
@@ -75,7 +71,8 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     """Turn the dataset at ``raw`` into balanced shards in ``out``.
 
     ``options`` are the fields of :class:`~shardprep.config.BuildConfig`
-    (``shards`` is required). Returns the summary the CLI prints.
+    (``shards`` is required). ``out`` is a folder or an fsspec URL (``s3://bucket/prefix``;
+    ``storage_options`` are passed to fsspec). Returns the summary the CLI prints.
 
     Raises:
         ShardprepError: any input, plan or write problem, with a message that
@@ -84,9 +81,11 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
+    destination = open_destination(out, config)
     engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
     try:
-        _check_out(out, config)
+        destination.check()
+        _check_engine_for(destination, config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # → Inventory: one entry per sample, metadata only
         inventory, layout = _scan(raw, config, engine)
@@ -97,15 +96,21 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         sizes = inventory.sample_bytes()[selection.source]
         plan = plan_shards(labels, sizes, config.shards, config.seed, groups=selection.source)
         fingerprint = _fingerprint(inventory, config, selection)
-        _prepare_out(out, config)
+        destination.prepare()
         stage = _Stage.JOURNAL
-        journal = _journal(out, config, fingerprint)
+        destination.start_journal(fingerprint)
         stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
         # → ShardRecords in shard order, then the manifest (its presence means "complete")
         context = WriteContext(
-            inventory, selection, plan, out, config.compression, config.zstd_level
+            inventory,
+            selection,
+            plan,
+            destination.staging,
+            config.compression,
+            config.zstd_level,
+            config.storage_options,
         )
-        records, reused = _write_all(engine, context, config)
+        records, reused = _write_all(engine, context, destination, config)
         manifest = manifest_from_records(
             records,
             config.output_options(),
@@ -113,19 +118,31 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             inventory.class_names,
             extra=selection.manifest_section(inventory),
         )
-        _write_manifest(manifest, out)
-        os.remove(journal)  # the build is complete
+        destination.publish(manifest)  # the manifest, then the journal is removed
         detected = InputFormat(config.input_format) is InputFormat.AUTO
         elapsed = time.perf_counter() - started
         return _summary(out, layout, detected, manifest, inventory, elapsed, reused)
     except BaseException as err:
         if stage is _Stage.WRITE:  # every task has stopped: no partial file is being written
-            _remove_partial_files(out)
+            destination.discard_partial()
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, BuildInterrupted):
-            raise _interrupted(out, config, stage) from err
+            raise _interrupted(destination, config, stage) from err
         raise
     finally:
         engine_scope.close()
+        destination.close()
+
+
+def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
+    """Ray tasks on other nodes cannot write into this machine's staging folder."""
+    remote_cluster = config.ray_address or os.environ.get("RAY_ADDRESS")
+    if config.engine == "ray" and is_url(destination.out) and remote_cluster:
+        raise InputError(
+            f"{destination.out}: --engine ray on a cluster cannot build into a URL yet (its "
+            "tasks would write into this machine's staging folder): build into a folder every "
+            "node shares and upload it, or leave out --ray-address/RAY_ADDRESS to run Ray here",
+            destination.out,
+        )
 
 
 def _engine_options(config: BuildConfig) -> EngineOptions:
@@ -146,9 +163,10 @@ class _Stage(Enum):
     WRITE = "the journal is written: resumable"
 
 
-def _interrupted(out: str, config: BuildConfig, stage: _Stage) -> BuildInterrupted:
+def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -> BuildInterrupted:
     """The Ctrl-C error, with the advice that works in the state the build left OUT in."""
-    journal = os.path.exists(os.path.join(out, JOURNAL_NAME))
+    out = destination.out
+    journal = destination.has_journal()
     if stage is not _Stage.CHECK and journal:  # (with --overwrite, an old journal is gone by now)
         instead = " instead of --overwrite" if config.overwrite else ""
         return BuildInterrupted(
@@ -163,66 +181,6 @@ def _interrupted(out: str, config: BuildConfig, stage: _Stage) -> BuildInterrupt
     return BuildInterrupted(
         "interrupted before any shard was written: run the same command again", resumable=False
     )
-
-
-def _remove_partial_files(out: str) -> None:
-    """Remove the hidden temp files a failed or interrupted build leaves (they can be large)."""
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(out):
-            if _PARTIAL_FILE.match(name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(out, name))
-
-
-def _output_error(path: str, err: OSError, advice: str) -> OutputError:
-    what = "no space left on the device" if err.errno == errno.ENOSPC else err.strerror or str(err)
-    return OutputError(f"{path}: {what}; {advice}", path)
-
-
-def _write_manifest(manifest: Manifest, out: str) -> None:
-    try:
-        write_manifest(manifest, out)
-    except OSError as err:
-        raise _output_error(
-            os.path.join(out, MANIFEST_NAME),
-            err,
-            "every shard is written and kept: fix the cause, then run the same command "
-            "with --resume to write the manifest",
-        ) from err
-
-
-def _check_out(out: str, config: BuildConfig) -> None:
-    """Refuse an unusable ``out`` before any work: a file, or non-empty without a flag."""
-    if not os.path.exists(out):
-        if config.resume:
-            raise InputError(
-                f"{out}: no interrupted build to resume here; run without --resume", out
-            )
-        return
-    if not os.path.isdir(out):
-        raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)
-    existing = sorted(os.listdir(out))
-    if existing and not (config.overwrite or config.resume):
-        raise InputError(
-            f"{out}: the output folder is not empty ({len(existing)} entries, e.g. "
-            f"{existing[0]!r}); pass --overwrite to replace a previous build, "
-            "--resume to finish an interrupted one, or choose an empty folder",
-            out,
-        )
-
-
-def _prepare_out(out: str, config: BuildConfig) -> None:
-    """Create ``out``; with --overwrite remove the files a previous build wrote (only those)."""
-    try:
-        os.makedirs(out, exist_ok=True)
-        if config.overwrite:
-            for name in os.listdir(out):
-                if _OWN_FILE.match(name) or name == JOURNAL_NAME:
-                    os.remove(os.path.join(out, name))
-    except OSError as err:
-        raise _output_error(
-            out, err, "cannot create or clear the output folder: choose a writable OUT"
-        ) from err
 
 
 def _scan(raw: str, config: BuildConfig, engine: Engine) -> tuple[Inventory, InputFormat]:
@@ -242,6 +200,7 @@ def _scan(raw: str, config: BuildConfig, engine: Engine) -> tuple[Inventory, Inp
             workers=config.workers or default_workers(),
             detected=detected,
             ordered_map=engine.ordered_map,
+            storage_options=config.storage_options,
         )
     return inventory, layout
 
@@ -260,72 +219,38 @@ def _fingerprint(inventory: Inventory, config: BuildConfig, selection: Selection
     return digest.hexdigest()
 
 
-def _journal(out: str, config: BuildConfig, fingerprint: str) -> str:
-    """Write (or, with --resume, check) the journal that marks a build in progress."""
-    path = os.path.join(out, JOURNAL_NAME)
-    record = {"input_fingerprint": fingerprint, "options": config.output_options()}
-    if config.resume:
-        if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.exists(path):
-            raise InputError(f"{out}: the build is already complete; nothing to resume", out)
-        try:
-            with open(path, encoding="utf-8") as f:
-                previous = json.load(f)
-        except FileNotFoundError as err:
-            raise InputError(
-                f"{out}: no interrupted build to resume here; run without --resume", out
-            ) from err
-        except (OSError, ValueError) as err:
-            raise InputError(
-                f"{path}: the build journal is unreadable ({err}); start over with --overwrite",
-                path,
-            ) from err
-        if previous != record:
-            raise InputError(
-                f"{out}: the interrupted build used other input or options; rerun it with "
-                "the same RAW and options, or start over with --overwrite",
-                out,
-            )
-        return path
-    tmp = os.path.join(out, f"{JOURNAL_NAME}.partial")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException as err:  # disk full, or Ctrl-C: no half-written journal is left
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        if isinstance(err, OSError):
-            raise _output_error(
-                path, err, "cannot start the build: fix the cause, then run the same command again"
-            ) from err
-        raise
-    return path
-
-
 # --- writing, on the engine ----------------------------------------------------
 
 
 def _write_all(
     engine: Engine,
     context: WriteContext,
+    destination: Destination,
     config: BuildConfig,
 ) -> tuple[list[ShardRecord], int]:
-    """Write every shard not already finished; returns records in shard order and #reused."""
-    out, plan = context.out, context.plan
-    records: dict[int, ShardRecord] = {}
-    if config.resume:
-        for shard in range(len(plan)):
-            if os.path.exists(os.path.join(out, shard_name(shard, config.compression))):
-                records[shard] = record_from_files(out, shard, config.compression)
+    """Write every shard not already finished; returns records in shard order and #reused.
+
+    Each finished shard is handed to the destination (a remote one uploads it while the
+    next are written); a shard starts only once the destination has room for it (a remote
+    one bounds the shards staged locally).
+    """
+    plan = context.plan
+    records = destination.finished_records(len(plan)) if config.resume else {}
     todo = [s for s in range(len(plan)) if s not in records]
     total = sum(len(plan[s]) for s in todo)
+
+    def admit() -> None:  # before a shard starts: wait until the destination can take it
+        while not destination.has_room(0):
+            destination.wait_for_room(0.25)
+
     try:
         with (
             _Bar(total=total, desc="write", unit=" samples", disable=not config.progress) as bar,
-            contextlib.closing(engine.write_shards(context, todo, bar.update)) as written,
+            contextlib.closing(engine.write_shards(context, todo, bar.update, admit)) as written,
         ):
             for shard, record in written:
                 records[shard] = record
+                destination.shard_written(record)
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
         if changed is None:
@@ -344,6 +269,8 @@ def _changed_source(samples: list[SampleRef]) -> str | None:
     """How a source of ``samples`` differs from the scan (gone, other size), or None."""
     for sample in samples:
         for part in sample.parts:
+            if is_url(part.path):
+                continue  # the writer's own message names the URL and what changed
             try:
                 size = os.stat(part.path).st_size
             except FileNotFoundError:

@@ -135,6 +135,15 @@ def cli() -> None:
 @click.option(
     "--resume", is_flag=True, help="Finish an interrupted build in OUT, reusing finished shards."
 )
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    callback=lambda _ctx, _param, values: _storage_options(values),
+    metavar="KEY=VALUE",
+    help="fsspec storage option for a URL OUT or listed URLs (repeatable); VALUE is JSON "
+    'if it parses, else a string: \'client_kwargs={"endpoint_url": "http://host:9000"}\'.',
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the summary as JSON (implies no progress bars)."
@@ -143,7 +152,9 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     """Turn the dataset at RAW into exactly N balanced shards in OUT.
 
     RAW is a folder of class folders, a folder of files grouped by key, a
-    CSV/TSV/JSONL listing, or a folder of existing .tar shards.
+    CSV/TSV/JSONL listing (whose paths may be URLs such as s3://bucket/a.jpg),
+    or a folder of existing .tar shards. OUT is a folder or an fsspec URL
+    (s3://bucket/prefix, gs://..., ...).
     """
     from shardprep.build import build as run_build
 
@@ -157,6 +168,20 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
         click.echo(_format_summary(summary.to_dict()))
+
+
+def _storage_options(values: tuple[str, ...]) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs as a dict; a VALUE that parses as JSON is that JSON value."""
+    options: dict[str, Any] = {}
+    for item in values:
+        key, equals, value = item.partition("=")
+        if not (equals and key.strip()):
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--storage-option")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options or None
 
 
 def _format_summary(s: dict[str, Any]) -> str:

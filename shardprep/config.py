@@ -6,7 +6,7 @@ The CLI options mirror these fields one to one (``--zstd-level`` ↔ ``zstd_leve
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardprep.errors import PlanError
@@ -29,8 +29,9 @@ def default_workers() -> int:
 class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
-    ``workers``, ``engine``, ``ray_address``, ``overwrite``, ``resume`` and
-    ``progress`` change how the build runs, never what it writes.
+    ``workers``, ``engine``, ``ray_address``, ``overwrite``, ``resume``, ``progress`` and
+    ``storage_options`` (fsspec's, for an OUT or listed inputs given as URLs) change how the
+    build runs, never what it writes.
     """
 
     shards: int
@@ -51,6 +52,7 @@ class BuildConfig:
     overwrite: bool = False
     resume: bool = False
     progress: bool = True
+    storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -81,7 +83,15 @@ class BuildConfig:
 
     def output_options(self) -> dict[str, Any]:
         """The options recorded in the manifest: exactly those that affect the output bytes."""
-        runtime = {"workers", "engine", "ray_address", "overwrite", "resume", "progress"}
+        runtime = {
+            "workers",
+            "engine",
+            "ray_address",
+            "overwrite",
+            "resume",
+            "progress",
+            "storage_options",
+        }
         return {k: v for k, v in asdict(self).items() if k not in runtime}
 
     def num_workers(self) -> int:

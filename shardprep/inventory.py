@@ -126,7 +126,8 @@ class Inventory:
             if self.meta_end is not None
             else None
         )
-        blob, exts, prefix = self.stem_blob, self.exts, self.root + "/"
+        blob, exts = self.stem_blob, self.exts
+        prefix = self.root if self.root.endswith("/") else self.root + "/"  # "s3://" for URLs
         refs, j = [], 0
         for k, count in enumerate(lengths.tolist()):
             stem = blob[stem_starts[k] : stem_ends[k]].decode("utf-8", "surrogateescape")
@@ -273,6 +274,12 @@ class InventoryBuilder:
         if self._meta is not None:
             self._meta += meta or b""
             self._meta_end.append(len(self._meta))
+
+    def set_part_sizes(self, sizes: list[int]) -> None:
+        """Replace the size of every part, in order (a URL listing learns them after its rows)."""
+        if len(sizes) != len(self._part_size):
+            raise ValueError(f"{len(sizes)} sizes for {len(self._part_size)} parts")
+        self._part_size = array("Q", sizes)
 
     def extend(self, other: InventoryBuilder) -> None:
         """Append every sample of ``other`` (scanned separately, e.g. in another process)."""

@@ -25,6 +25,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "Manifest",
     "ShardEntry",
+    "manifest_bytes",
     "manifest_from_records",
     "read_manifest",
     "write_manifest",
@@ -148,11 +149,16 @@ def manifest_from_records(
     return Manifest(options, input_fingerprint, class_names, totals, shards, extra or {})
 
 
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The bytes of ``manifest.json`` (the same wherever it is written)."""
+    return json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode() + b"\n"
+
+
 def write_manifest(manifest: Manifest, out_dir: str) -> str:
     """Write ``manifest.json`` atomically (temp file, fsync, rename); returns its path."""
     path = os.path.join(out_dir, MANIFEST_NAME)
     tmp = os.path.join(out_dir, f".{MANIFEST_NAME}.partial")
-    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode() + b"\n"
+    data = manifest_bytes(manifest)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -68,9 +68,17 @@ class WorkerPool:
         return done
 
 
-def mp_context() -> BaseContext:
-    """The multiprocessing context of the pools: fork where available, else spawn."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+def mp_context(network: bool = False) -> BaseContext:
+    """The multiprocessing context of the pools: fork where available, else spawn.
+
+    ``network=True`` (workers that open network connections, e.g. read URLs through
+    fsspec) always spawns: a process forked while another of its threads holds a lock
+    (an fsspec event loop, a DNS lookup in an executor thread) can inherit that lock held
+    and hang on its first request.
+    """
+    method = (
+        "fork" if "fork" in multiprocessing.get_all_start_methods() and not network else "spawn"
+    )
     return multiprocessing.get_context(method)
 
 
@@ -87,8 +95,10 @@ def worker_pool(
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
     stop: Callable[[], None] | None = None,
+    context: BaseContext | None = None,
 ) -> Iterator[WorkerPool]:
-    """A pool of ``workers`` forked processes (spawned where fork is missing).
+    """A pool of ``workers`` forked processes (spawned where fork is missing, or as ``context``
+    starts them).
 
     On an exception inside the block (a task's error, KeyboardInterrupt),
     ``stop()`` is called, queued tasks are cancelled and the block exits only
@@ -109,7 +119,7 @@ def worker_pool(
     try:
         executor = ProcessPoolExecutor(
             workers,
-            mp_context=mp_context(),
+            mp_context=context or mp_context(),
             initializer=_start_worker,
             initargs=(initializer, initargs),
         )

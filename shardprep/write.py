@@ -12,14 +12,15 @@ import errno
 import hashlib
 import os
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from shardprep.errors import WriteError
 from shardprep.inventory import SampleRef
+from shardprep.remote_input import RemoteParts
 from shardprep.shardformat import (
     BLOCK,
     EOF_MARKER,
@@ -31,8 +32,15 @@ from shardprep.shardformat import (
     shard_name,
     tar_header,
 )
+from shardprep.storage import is_url
 
-__all__ = ["FRAME_BYTES", "ShardRecord", "record_from_files", "write_shard"]
+__all__ = [
+    "FRAME_BYTES",
+    "ShardRecord",
+    "record_from_files",
+    "record_from_index",
+    "write_shard",
+]
 
 
 LABEL_EXT = "cls"
@@ -178,12 +186,15 @@ _ZEROS = bytes(BLOCK)
 
 
 class _PartReader:
-    """Reads a part's bytes from a file or from inside a tar, checking its size."""
+    """Reads a part's bytes from a file, from inside a tar or from a URL, checking its size."""
 
-    def __init__(self) -> None:
+    def __init__(self, remote: RemoteParts | None = None) -> None:
         self._tar_fds: dict[str, int] = {}
+        self._remote = remote
 
     def read(self, path: str, offset: int, size: int) -> bytes:
+        if self._remote is not None and is_url(path):
+            return self._remote.read(path, size)
         if offset >= 0:
             fd = self._tar_fds.get(path)
             if fd is None:
@@ -208,6 +219,16 @@ class _PartReader:
         for fd in self._tar_fds.values():
             os.close(fd)
         self._tar_fds.clear()
+        if self._remote is not None:
+            self._remote.close()
+
+
+def _remote_parts(
+    samples: Sequence[SampleRef], storage_options: Mapping[str, Any] | None
+) -> RemoteParts | None:
+    """The fetcher of the samples' URL parts, in read order; None if all parts are local."""
+    urls = [(p.path, p.size) for s in samples for p in s.parts if is_url(p.path)]
+    return RemoteParts(urls, storage_options) if urls else None
 
 
 def write_shard(
@@ -218,10 +239,12 @@ def write_shard(
     compression: str = "none",
     zstd_level: int = 3,
     progress: Callable[[int], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ShardRecord:
     """Write ``samples`` in order as shard ``index`` in ``out_dir`` and return its record.
 
-    ``progress(n)`` is called after every ``n`` samples written.
+    ``progress(n)`` is called after every ``n`` samples written. Parts whose path is a URL
+    are read through fsspec with ``storage_options`` (:mod:`shardprep.remote_input`).
 
     Raises:
         WriteError: a source vanished, changed size or could not be read, or the
@@ -231,7 +254,7 @@ def write_shard(
     tmp = os.path.join(out_dir, f".{shard_name(index, compression)}.partial")
     idx_final = os.path.join(out_dir, index_name(index))
     idx_tmp = os.path.join(out_dir, f".{index_name(index)}.partial")
-    reader = _PartReader()
+    reader = _PartReader(_remote_parts(samples, storage_options))
     current = ""
     try:
         with open(tmp, "wb") as out:
@@ -314,20 +337,33 @@ def record_from_files(out_dir: str, index: int, compression: str) -> ShardRecord
     idx_path = os.path.join(out_dir, index_name(index))
     with open(idx_path, "rb") as f:
         index_bytes = f.read()
-    shard_index = decode_index(index_bytes, idx_path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+    return record_from_index(
+        index, compression, index_bytes, idx_path, digest.hexdigest(), os.path.getsize(path)
+    )
+
+
+def record_from_index(
+    index: int, compression: str, index_bytes: bytes, where: str, sha256: str, num_bytes: int
+) -> ShardRecord:
+    """The record of shard ``index`` from its index's bytes and its shard file's sha256 and size.
+
+    Raises:
+        ManifestError: the index is unreadable (``where`` names it).
+    """
+    shard_index = decode_index(index_bytes, where)
     labels = shard_index.label[shard_index.label >= 0]
     return ShardRecord(
         index=index,
-        file=os.path.basename(path),
-        index_file=os.path.basename(idx_path),
+        file=shard_name(index, compression),
+        index_file=index_name(index),
         num_samples=shard_index.num_samples,
-        num_bytes=os.path.getsize(path),
+        num_bytes=num_bytes,
         tar_bytes=int(shard_index.sample_offset[-1]) + len(EOF_MARKER),
-        sha256=digest.hexdigest(),
+        sha256=sha256,
         index_sha256=hashlib.sha256(index_bytes).hexdigest(),
         index_bytes=len(index_bytes),
         class_counts=tuple(np.bincount(labels).tolist()) if len(labels) else (),

@@ -63,11 +63,17 @@ class Engine(Protocol):
         ...
 
     def write_shards(
-        self, context: WriteContext, todo: Sequence[int], progress: Progress
+        self,
+        context: WriteContext,
+        todo: Sequence[int],
+        progress: Progress,
+        admit: Callable[[], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """Write shards ``todo``; yields ``(shard, record)`` as each one completes.
 
-        ``progress(n)`` reports ``n`` more samples written. On an error or a
+        ``progress(n)`` reports ``n`` more samples written; ``admit()``, called
+        before each shard starts, may block until the output can take another
+        (a remote destination's bounded staging). On an error or a
         Ctrl-C every running write is stopped before the exception leaves
         this generator, so no partial file is being written afterwards.
         """

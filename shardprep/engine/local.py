@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.tasks import WriteContext
+from shardprep.storage import is_url
 from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord
 
@@ -68,15 +69,21 @@ class LocalEngine:
                 yield _next_result(pool, pending)
 
     def write_shards(
-        self, context: WriteContext, todo: Sequence[int], progress: Callable[[int], None]
+        self,
+        context: WriteContext,
+        todo: Sequence[int],
+        progress: Callable[[int], None],
+        admit: Callable[[], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """Write ``todo`` over up to ``workers`` processes (in this process with one)."""
         workers = min(self.workers, max(1, len(todo)))
         if workers == 1:
             for shard in todo:
+                if admit is not None:
+                    admit()
                 yield shard, context.write(shard, progress)
             return
-        yield from _write_parallel(context, todo, workers, progress)
+        yield from _write_parallel(context, todo, workers, progress, admit)
 
 
 def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
@@ -120,22 +127,34 @@ def _write_in_worker(shard: int) -> ShardRecord:
 
 
 def _write_parallel(
-    context: WriteContext, todo: Sequence[int], workers: int, progress: Callable[[int], None]
+    context: WriteContext,
+    todo: Sequence[int],
+    workers: int,
+    progress: Callable[[int], None],
+    admit: Callable[[], None] | None = None,
 ) -> Generator[tuple[int, ShardRecord], None, None]:
-    """Write shards ``todo`` over ``workers`` processes.
+    """Write shards ``todo`` over ``workers`` processes, ``workers`` shards at a time.
 
     The first failure or Ctrl-C stops the rest within one zstd frame's worth of
     writing per worker (they give up at their next progress report), and this
-    returns or raises only once every worker has stopped.
+    returns or raises only once every worker has stopped. Writers that read
+    inputs listed by URL are spawned, not forked: a fork can inherit a lock a
+    network thread holds.
     """
-    mp = mp_context()
+    mp = mp_context(network=is_url(context.inventory.root))
     channel = _Channel(mp.Value("q", 0), mp.Event())
     reported = 0
-    with worker_pool(workers, _init_worker, (context, channel), stop=channel.stop.set) as pool:
-        pending: dict[Future[ShardRecord], int] = {
-            pool.executor.submit(_write_in_worker, shard): shard for shard in todo
-        }
-        while pending:
+    waiting = deque(todo)
+    with worker_pool(
+        workers, _init_worker, (context, channel), stop=channel.stop.set, context=mp
+    ) as pool:
+        pending: dict[Future[ShardRecord], int] = {}
+        while waiting or pending:
+            while waiting and len(pending) < workers:
+                if admit is not None:
+                    admit()
+                shard = waiting.popleft()
+                pending[pool.executor.submit(_write_in_worker, shard)] = shard
             done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C
             written = channel.written.value
             progress(written - reported)

@@ -157,7 +157,11 @@ class RayEngine:
             raise
 
     def write_shards(
-        self, context: WriteContext, todo: Sequence[int], progress: Callable[[int], None]
+        self,
+        context: WriteContext,
+        todo: Sequence[int],
+        progress: Callable[[int], None],
+        admit: Callable[[], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """One Ray task per shard, ``window`` in flight; yields as tasks complete."""
         ray = self._ray
@@ -165,6 +169,8 @@ class RayEngine:
         pending: dict[Any, int] = {}
         try:
             for shard in queue:
+                if admit is not None:
+                    admit()
                 pending[self._write.remote(context.task(shard))] = shard
                 if len(pending) >= self.window:
                     break
@@ -176,6 +182,8 @@ class RayEngine:
                     progress(context.shard_size(shard))
                     next_shard = next(queue, None)
                     if next_shard is not None:
+                        if admit is not None:
+                            admit()
                         pending[self._write.remote(context.task(next_shard))] = next_shard
                     yield shard, record
         except BaseException:

@@ -13,6 +13,7 @@ whatever engine, process or node runs it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ class ShardTask:
     num_classes: int
     compression: str
     zstd_level: int
+    storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
 
     def samples(self) -> list[SampleRef]:
         """The shard's samples in write order."""
@@ -51,6 +53,7 @@ class ShardTask:
             self.compression,
             self.zstd_level,
             progress,
+            self.storage_options,
         )
 
 
@@ -61,9 +64,10 @@ class WriteContext:
     inventory: Inventory
     selection: Selection
     plan: list[np.ndarray]
-    out: str
+    out: str  # the folder shard files are written into (a remote build's staging area)
     compression: str
     zstd_level: int
+    storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
 
     def samples(self, shard: int) -> list[SampleRef]:
         """Shard ``shard``'s samples in write order."""
@@ -85,6 +89,7 @@ class WriteContext:
             num_classes,
             self.compression,
             self.zstd_level,
+            self.storage_options,
         )
 
     def write(self, shard: int, progress: Any = None) -> ShardRecord:

@@ -8,8 +8,9 @@ duplicate keys) before anything is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,12 +97,14 @@ def scan(
     workers: int = 1,
     detected: bool = False,
     ordered_map: OrderedMap | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Inventory:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
     ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
-    input tar and one per chunk of listing rows, instead.
+    input tar and one per chunk of listing rows, instead. ``storage_options``
+    are fsspec's, for a listing that names URLs.
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -119,7 +122,9 @@ def scan(
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(raw, count, path_column, label_column, ordered_map)
+        inventory = scan_listing(
+            raw, count, path_column, label_column, ordered_map, storage_options
+        )
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map)
     elif fmt is InputFormat.KEYED:

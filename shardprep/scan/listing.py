@@ -12,17 +12,19 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from shardprep.errors import InputError
 from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.remote_input import remote_sizes
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import Problems, Tick
+from shardprep.storage import is_url
 
 __all__ = ["scan_listing"]
 
@@ -78,6 +80,7 @@ def scan_listing(
     path_column: str = "path",
     label_column: str | None = None,
     ordered_map: OrderedMap | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Inventory:
     """Inventory of the files a listing names.
 
@@ -86,14 +89,17 @@ def scan_listing(
     ``CHUNK_ROWS``, one task each, run by ``ordered_map`` (an engine's, see
     :mod:`shardprep.engine`) when given; chunks are merged in row order with
     their labels interned in that order, so the result is the same as a
-    serial scan.
+    serial scan. Paths are either all relative to the listing's folder, or
+    all URLs of one protocol (``s3://bucket/img/0001.jpg``, as the first row's
+    path decides), whose sizes are asked for here, concurrently, with
+    ``storage_options`` (:func:`~shardprep.remote_input.remote_sizes`). A URL
+    sample's stem, and so its key, is its URL without the ``protocol://``.
 
     Raises:
         InputError: missing column, a path outside the listing's folder, a
-            missing file, or labels on some rows only.
+            missing file or object, labels on some rows only, URLs and relative paths mixed.
     """
     root = os.path.dirname(os.path.abspath(listing))
-    builder = InventoryBuilder(root, with_meta=True)
     labels, problems = LabelTable(), Problems()
     labelled_line, unlabelled = 0, 0
     unlabelled_lines: list[int] = []
@@ -101,8 +107,11 @@ def scan_listing(
     header = next(chunks, None)
     if header is None:
         raise InputError(f"{listing}: the listing has no rows", listing)
-    columns = header
-    jobs = (_ChunkJob(listing, root, columns[0], columns[1], rows) for rows in chunks)
+    path_col, label_col, scheme = header
+    builder = InventoryBuilder(scheme or root, with_meta=True)
+    urls: list[str] = []  # URL listings: sizes are asked for after the rows are read
+    url_lines: list[int] = []
+    jobs = (_ChunkJob(listing, root, path_col, label_col, rows, scheme) for rows in chunks)
     run = ordered_map if ordered_map is not None else map
     for part in run(_scan_chunk, jobs):  # merged one at a time, in row order
         mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
@@ -112,7 +121,18 @@ def scan_listing(
         labelled_line = labelled_line or part.labelled_line
         unlabelled += part.unlabelled
         unlabelled_lines += part.unlabelled_lines[: 10 - len(unlabelled_lines)]
-        tick(len(part.builder))
+        urls += part.urls
+        url_lines += part.url_lines
+        if not scheme:
+            tick(len(part.builder))
+    if urls:  # the sizes of the listed objects, asked for concurrently
+        sizes = remote_sizes(urls, storage_options)
+        for number, found in zip(url_lines, sizes, strict=True):
+            if isinstance(found, OSError):
+                problems.add(f"{listing}:{number}", f"cannot stat {found.strerror or found}")
+        if not problems.items:
+            builder.set_part_sizes([int(s) for s in sizes if not isinstance(s, OSError)])
+            tick(len(urls))
     if len(labels) and unlabelled:
         for number in unlabelled_lines:
             problems.add(
@@ -125,7 +145,7 @@ def scan_listing(
 
 
 def _chunks(listing: str, path_column: str, label_column: str | None) -> Iterator[Any]:
-    """First the (path column, label column or "") pair, then lists of CHUNK_ROWS rows.
+    """First (path column, label column or "", "protocol://" or ""), then lists of CHUNK_ROWS rows.
 
     Raises:
         InputError: the first row lacks the path column, or a given label column.
@@ -145,7 +165,9 @@ def _chunks(listing: str, path_column: str, label_column: str | None) -> Iterato
         label_column = "label" if "label" in row else ""
     elif label_column not in row:
         raise InputError(f"{listing}:{number}: no label column {label_column!r}", listing)
-    yield path_column, label_column
+    first_path = str(row.get(path_column) or "")
+    scheme = first_path.partition("://")[0] + "://" if is_url(first_path) else ""
+    yield path_column, label_column, scheme
     chunk = [first]
     for item in rows:
         chunk.append(item)
@@ -163,6 +185,7 @@ class _ChunkJob:
     path_column: str
     label_column: str  # "" when the listing has no labels
     rows: list[tuple[int, dict[str, Any]]]
+    scheme: str = ""  # "protocol://" when the listing names URLs
 
 
 @dataclass
@@ -175,6 +198,8 @@ class _ChunkPart:
     labelled_line: int  # first line with a label, 0 if none
     unlabelled: int
     unlabelled_lines: list[int]  # the first 10
+    urls: list[str] = field(default_factory=list)  # URL listings: each sample's URL, in order
+    url_lines: list[int] = field(default_factory=list)  # ... and its line
 
 
 def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
@@ -185,34 +210,21 @@ def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
         job.path_column,
         job.label_column,
     )
-    builder = InventoryBuilder(root, with_meta=True)
+    scheme = job.scheme
+    builder = InventoryBuilder(scheme or root, with_meta=True)
     labels, problems, confined = LabelTable(), Problems(), _Confinement(root)
     labelled_line, unlabelled = 0, 0
     unlabelled_lines: list[int] = []
+    urls: list[str] = []
+    url_lines: list[int] = []
     for number, row in job.rows:
         where = f"{listing}:{number}"
         rel = str(row.get(path_column) or "")
-        norm = os.path.normpath(rel) if rel else ""
-        if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
-            problems.add(where, f"path {rel!r} is empty or outside the listing's folder {root}")
+        located = _url_row(rel, scheme) if scheme else _local_row(rel, root, confined)
+        if isinstance(located, str):
+            problems.add(where, located)
             continue
-        stem, dot, ext = norm.replace(os.sep, "/").rpartition(".")
-        if not dot or "/" in ext:
-            problems.add(where, f"{rel!r} has no extension; it names the sample's part")
-            continue
-        full = os.path.join(root, norm)
-        try:
-            size = confined.size(full)
-        except _Outside as err:
-            problems.add(
-                where,
-                f"{rel!r} resolves to {err}, outside the listing's folder {root} "
-                "(symlinks are resolved); copy the file in or move the listing up",
-            )
-            continue
-        except OSError as err:
-            problems.add(where, f"cannot stat {full} ({err.strerror or err})")
-            continue
+        path, stem, ext, size = located
         label_value = row.get(label_column) if label_column else None
         label = UNLABELLED
         if isinstance(label_value, bool) or not isinstance(label_value, (str, int, type(None))):
@@ -227,9 +239,57 @@ def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
                 unlabelled_lines.append(number)
         meta = {k: v for k, v in row.items() if k not in (path_column, label_column)}
         builder.add(stem, label, [(ext, size, -1)], meta=json.dumps(meta).encode() if meta else b"")
+        if scheme:
+            urls.append(path)
+            url_lines.append(number)
     return _ChunkPart(
-        builder, labels.texts(), problems, labelled_line, unlabelled, unlabelled_lines
+        builder,
+        labels.texts(),
+        problems,
+        labelled_line,
+        unlabelled,
+        unlabelled_lines,
+        urls,
+        url_lines,
     )
+
+
+def _local_row(rel: str, root: str, confined: _Confinement) -> tuple[str, str, str, int] | str:
+    """(path, stem, extension, size) of a path relative to the listing, or the problem with it."""
+    if is_url(rel):
+        return (
+            f"path {rel!r} is a URL while the first row's path is not; a listing names "
+            "either paths relative to its folder or URLs of one protocol"
+        )
+    norm = os.path.normpath(rel) if rel else ""
+    if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
+        return f"path {rel!r} is empty or outside the listing's folder {root}"
+    stem, dot, ext = norm.replace(os.sep, "/").rpartition(".")
+    if not dot or "/" in ext:
+        return f"{rel!r} has no extension; it names the sample's part"
+    full = os.path.join(root, norm)
+    try:
+        return full, stem, ext, confined.size(full)
+    except _Outside as err:
+        return (
+            f"{rel!r} resolves to {err}, outside the listing's folder {root} "
+            "(symlinks are resolved); copy the file in or move the listing up"
+        )
+    except OSError as err:
+        return f"cannot stat {full} ({err.strerror or err})"
+
+
+def _url_row(url: str, scheme: str) -> tuple[str, str, str, int] | str:
+    """(url, stem, extension, size 0 until asked) of a listed URL, or the problem with it."""
+    if not url.startswith(scheme):
+        return (
+            f"path {url!r} is not a {scheme} URL like the first row's; a listing names "
+            "either URLs of one protocol or paths relative to its folder"
+        )
+    stem, dot, ext = url[len(scheme) :].rpartition(".")
+    if not dot or "/" in ext or not stem:
+        return f"{url!r} has no extension; it names the sample's part"
+    return url, stem, ext, 0
 
 
 class _Outside(Exception):

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import shardprep
-from shardprep.build import JOURNAL_NAME, _fingerprint, _journal
+from shardprep.build import JOURNAL_NAME, _fingerprint
 from shardprep.config import BuildConfig
+from shardprep.destination import LocalDestination
 from shardprep.errors import InputError, ManifestError
 from shardprep.scan import scan
 from shardprep.weighting import select_samples
@@ -191,7 +192,8 @@ def test_resume_with_nothing_to_resume_is_refused(raw: Path, clean: Path, tmp_pa
 def _write_journal(raw: Path, out: Path, **options: object) -> None:
     config = BuildConfig(**{**OPTIONS, **options})  # type: ignore[arg-type]
     inventory = scan(str(raw))
-    _journal(str(out), config, _fingerprint(inventory, config, select_samples(inventory, config)))
+    fingerprint = _fingerprint(inventory, config, select_samples(inventory, config))
+    LocalDestination(str(out), config).start_journal(fingerprint)
 
 
 @pytest.mark.parametrize("remove_index", [True, False])

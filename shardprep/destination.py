@@ -1,0 +1,631 @@
+"""Destination: where a build's files go, and their life cycle there (refuse, overwrite,
+journal, resume, publish the manifest last).
+
+:func:`open_destination` picks one of two kinds behind the :class:`Destination` seam:
+
+- :class:`LocalDestination`, for a path or a ``file://`` URL: the writers write shards straight
+  into the folder under hidden ``.partial`` names renamed when complete; the journal and the
+  manifest are written atomically (temp file + rename), the manifest last.
+- :class:`RemoteDestination`, for any other fsspec URL (``s3://``, ``gs://``, ``memory://``):
+  the writers write into a local staging folder (``tempfile``, so ``TMPDIR`` chooses where);
+  each finished shard is uploaded, its index first, by one of ``UPLOAD_THREADS`` threads while
+  the next shards are written, then deleted locally. The build starts a shard only while fewer
+  than ``workers + UPLOAD_THREADS`` shards are staged (being written, or written and not yet
+  uploaded), so the staging folder never holds more than that many shards. The journal is an
+  object in OUT, so ``--resume`` and ``--overwrite`` work as locally. The manifest is uploaded
+  last, once one listing of OUT shows every object it names with the size the writer recorded.
+
+An object store shows an object only once its upload completed (S3: a PUT, or a multipart
+upload's CompleteMultipartUpload; GCS and Azure likewise), so no staging key and copy are
+needed: an interrupted upload leaves no object (S3 keeps the parts of an unfinished multipart
+upload out of sight until a bucket lifecycle rule aborts them). A backend without that
+guarantee is not supported as OUT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import queue
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Protocol, TypeVar
+
+from shardprep.config import BuildConfig
+from shardprep.errors import InputError, ManifestError, OutputError
+from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
+from shardprep.shardformat import EOF_MARKER, MANIFEST_NAME, decode_index, index_name, shard_name
+from shardprep.storage import describe_error, is_url, local_path, open_url
+from shardprep.write import ShardRecord, record_from_files, record_from_index
+
+__all__ = [
+    "UPLOAD_THREADS",
+    "Destination",
+    "LocalDestination",
+    "RemoteDestination",
+    "open_destination",
+]
+
+T = TypeVar("T")
+OWN_FILE = re.compile(r"^\.?(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json)(\.partial)?$")
+PARTIAL_FILE = re.compile(
+    r"^\.(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json|shardprep-build\.json)\.partial$"
+)
+UPLOAD_THREADS = 2
+CONTACT_TIMEOUT_S = 30.0
+"""The first request to a remote OUT (listing it) must be answered within this many seconds."""
+RESUME_THREADS = 8
+JOURNAL_LIMIT = 1 << 20
+RESUME_ADVICE = (
+    "the shards uploaded so far are kept: fix the cause, then run the same command with --resume"
+)
+
+
+class Destination(Protocol):
+    """Where a build writes, in the order :func:`shardprep.build.build` calls it."""
+
+    out: str  # OUT as the user gave it
+    staging: str  # the local folder the writers write shard files into (set by prepare)
+
+    def check(self) -> None:
+        """Refuse an unusable OUT before any work (a file; non-empty without a flag)."""
+
+    def prepare(self) -> None:
+        """Create OUT (and the staging area); with --overwrite remove a previous build's files."""
+
+    def start_journal(self, fingerprint: str) -> None:
+        """Write the journal (or, with --resume, check it against this build's)."""
+
+    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+        """--resume: the records of the shards an earlier build finished, by shard index."""
+
+    def has_room(self, writing: int) -> bool:
+        """Whether another shard may start while ``writing`` shards are being written."""
+
+    def wait_for_room(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for a staged shard to leave (returns at once if none)."""
+
+    def shard_written(self, record: ShardRecord) -> None:
+        """A writer finished this shard in ``staging``."""
+
+    def publish(self, manifest: Manifest) -> None:
+        """Once every shard is in OUT: write the manifest, then remove the journal."""
+
+    def has_journal(self) -> bool:
+        """Whether OUT holds a journal now (for the advice after a Ctrl-C)."""
+
+    def discard_partial(self) -> None:
+        """After a failure or Ctrl-C while writing: drop what is incomplete."""
+
+    def close(self) -> None:
+        """Release the staging area and threads; called once, whatever happened."""
+
+
+def open_destination(out: str, config: BuildConfig) -> Destination:
+    """The destination of ``out``: remote for an fsspec URL, else a local folder.
+
+    Raises:
+        OutputError: the URL's backend is not installed or its protocol is unknown.
+    """
+    if is_url(out):
+        return RemoteDestination(out, config)
+    return LocalDestination(local_path(out), config)
+
+
+def _output_error(path: str, err: OSError, advice: str) -> OutputError:
+    what = "no space left on the device" if err.errno == errno.ENOSPC else err.strerror or str(err)
+    return OutputError(f"{path}: {what}; {advice}", path)
+
+
+def _not_empty(out: str, existing: list[str], what: str) -> InputError:
+    return InputError(
+        f"{out}: the output {what} is not empty ({len(existing)} entries, e.g. "
+        f"{existing[0]!r}); pass --overwrite to replace a previous build, "
+        f"--resume to finish an interrupted one, or choose an empty {what}",
+        out,
+    )
+
+
+def _journal_record(config: BuildConfig, fingerprint: str) -> dict[str, Any]:
+    return {"input_fingerprint": fingerprint, "options": config.output_options()}
+
+
+def _check_journal(out: str, previous: object, record: dict[str, Any]) -> None:
+    if previous != record:
+        raise InputError(
+            f"{out}: the interrupted build used other input or options; rerun it with "
+            "the same RAW and options, or start over with --overwrite",
+            out,
+        )
+
+
+class LocalDestination:
+    """A local folder: shards are written in place (see the module doc)."""
+
+    def __init__(self, out: str, config: BuildConfig) -> None:
+        self.out = out
+        self.staging = out
+        self._config = config
+
+    def check(self) -> None:
+        out, config = self.out, self._config
+        if not os.path.exists(out):
+            if config.resume:
+                raise InputError(
+                    f"{out}: no interrupted build to resume here; run without --resume", out
+                )
+            return
+        if not os.path.isdir(out):
+            raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)
+        existing = sorted(os.listdir(out))
+        if existing and not (config.overwrite or config.resume):
+            raise _not_empty(out, existing, "folder")
+
+    def prepare(self) -> None:
+        out = self.out
+        try:
+            os.makedirs(out, exist_ok=True)
+            if self._config.overwrite:
+                for name in os.listdir(out):
+                    if OWN_FILE.match(name) or name == JOURNAL_NAME:
+                        os.remove(os.path.join(out, name))
+        except OSError as err:
+            raise _output_error(
+                out, err, "cannot create or clear the output folder: choose a writable OUT"
+            ) from err
+
+    def start_journal(self, fingerprint: str) -> None:
+        out = self.out
+        path = os.path.join(out, JOURNAL_NAME)
+        record = _journal_record(self._config, fingerprint)
+        if self._config.resume:
+            if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.exists(path):
+                raise InputError(f"{out}: the build is already complete; nothing to resume", out)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    previous = json.load(f)
+            except FileNotFoundError as err:
+                raise InputError(
+                    f"{out}: no interrupted build to resume here; run without --resume", out
+                ) from err
+            except (OSError, ValueError) as err:
+                raise InputError(
+                    f"{path}: the build journal is unreadable ({err}); start over with --overwrite",
+                    path,
+                ) from err
+            _check_journal(out, previous, record)
+            return
+        tmp = os.path.join(out, f"{JOURNAL_NAME}.partial")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException as err:  # disk full, or Ctrl-C: no half-written journal is left
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            if isinstance(err, OSError):
+                raise _output_error(
+                    path,
+                    err,
+                    "cannot start the build: fix the cause, then run the same command again",
+                ) from err
+            raise
+
+    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+        compression = self._config.compression
+        return {
+            shard: record_from_files(self.out, shard, compression)
+            for shard in range(num_shards)
+            if os.path.exists(os.path.join(self.out, shard_name(shard, compression)))
+        }
+
+    def has_room(self, writing: int) -> bool:
+        return True
+
+    def wait_for_room(self, timeout: float) -> None:
+        return
+
+    def shard_written(self, record: ShardRecord) -> None:
+        return
+
+    def publish(self, manifest: Manifest) -> None:
+        try:
+            write_manifest(manifest, self.out)
+        except OSError as err:
+            raise _output_error(
+                os.path.join(self.out, MANIFEST_NAME),
+                err,
+                "every shard is written and kept: fix the cause, then run the same command "
+                "with --resume to write the manifest",
+            ) from err
+        os.remove(os.path.join(self.out, JOURNAL_NAME))  # the build is complete
+
+    def has_journal(self) -> bool:
+        return os.path.exists(os.path.join(self.out, JOURNAL_NAME))
+
+    def discard_partial(self) -> None:
+        """Remove the hidden temp files a failed or interrupted build leaves (they can be large)."""
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.out):
+                if PARTIAL_FILE.match(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(self.out, name))
+
+    def close(self) -> None:
+        return
+
+
+class _Uploads:
+    """``threads`` daemon threads running ``upload(record)`` for each submitted record.
+
+    Daemon threads, not a ``ThreadPoolExecutor``: after a Ctrl-C the process must not wait
+    at exit for an upload in progress (it leaves no object; ``--resume`` uploads it again).
+    ``staged`` counts the records submitted and not yet finished; the first error is kept
+    and re-raised by :meth:`check`; after it, queued records are skipped.
+    """
+
+    def __init__(self, threads: int, upload: Callable[[ShardRecord], None]) -> None:
+        self._upload = upload
+        self._queue: queue.SimpleQueue[ShardRecord | None] = queue.SimpleQueue()
+        self._done = threading.Condition()
+        self.staged = 0
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"shardprep-upload-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, record: ShardRecord) -> None:
+        with self._done:
+            self.staged += 1
+        self._queue.put(record)
+
+    def _run(self) -> None:
+        while (record := self._queue.get()) is not None:
+            try:
+                if self._error is None and not self._stopped:
+                    self._upload(record)
+            except BaseException as err:
+                with self._done:
+                    self._error = self._error or err
+            finally:
+                with self._done:
+                    self.staged -= 1
+                    self._done.notify_all()
+
+    def check(self) -> None:
+        """Re-raise the first upload error, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for an upload to finish (at once if none is staged)."""
+        with self._done:
+            if self.staged:
+                self._done.wait(timeout)
+        self.check()
+
+    def stop(self) -> None:
+        """Skip what is queued and let the threads end (an upload in progress runs on)."""
+        if not self._stopped:
+            self._stopped = True
+            for _ in self._threads:
+                self._queue.put(None)
+
+
+class RemoteDestination:
+    """An fsspec URL: shards are staged locally and uploaded (see the module doc)."""
+
+    def __init__(self, out: str, config: BuildConfig) -> None:
+        self.out = out
+        self.staging = ""
+        self._config = config
+        self._fs, path = open_url(out, config.storage_options)
+        self._root = path.rstrip("/")
+        self._url = out.rstrip("/")
+        self._capacity = config.num_workers() + UPLOAD_THREADS
+        self._uploads: _Uploads | None = None
+        self._journal_written = False
+
+    # --- remote calls, every failure an OutputError naming the URL --------------------
+
+    def _object_url(self, name: str) -> str:
+        return f"{self._url}/{name}"
+
+    def _path(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    def _call(self, action: Callable[[], T], url: str, advice: str) -> T:
+        try:
+            return action()
+        except (InputError, OutputError):
+            raise
+        except Exception as err:
+            raise OutputError(f"{describe_error(url, err)}; {advice}", url) from err
+
+    def _entries(self, advice: str) -> dict[str, int]:
+        """Name → size of what OUT holds directly (folders: size -1); {} if OUT is absent.
+
+        Raises:
+            InputError: OUT is an object, not a prefix.
+            OutputError: the bucket does not exist, or the storage cannot be reached.
+        """
+        fs = self._fs
+
+        def listing() -> list[dict[str, Any]]:
+            fs.invalidate_cache(self._root)
+            try:
+                return list(fs.ls(self._root, detail=True))
+            except FileNotFoundError:
+                self._check_bucket()
+                return []
+
+        entries = self._call(listing, self._url, advice)
+        names: dict[str, int] = {}
+        for entry in entries:
+            name = str(entry["name"]).rstrip("/")
+            if name == self._root and entry.get("type") == "file":
+                raise InputError(
+                    f"{self.out}: exists and is an object, not a prefix; choose another OUT",
+                    self.out,
+                )
+            names[name.rsplit("/", 1)[-1]] = (
+                int(entry.get("size") or 0) if entry.get("type") == "file" else -1
+            )
+        return names
+
+    def _first_contact(self) -> dict[str, int]:
+        """``_entries()``, bounded by CONTACT_TIMEOUT_S in all (retries included).
+
+        On timeout the request is left to finish in a daemon thread; nothing was written.
+        """
+        advice = "check the URL, then run the same command again"
+        result: list[dict[str, int] | BaseException] = []
+
+        def contact() -> None:
+            try:
+                result.append(self._entries(advice))
+            except BaseException as err:
+                result.append(err)
+
+        thread = threading.Thread(target=contact, name="shardprep-contact", daemon=True)
+        thread.start()
+        thread.join(CONTACT_TIMEOUT_S)
+        if not result:
+            raise OutputError(
+                f"{self.out}: no answer from the storage within {CONTACT_TIMEOUT_S:g} s; check "
+                "the endpoint (--storage-option 'client_kwargs={\"endpoint_url\": ...}' or "
+                "AWS_ENDPOINT_URL) and the network, then run the same command again",
+                self.out,
+            )
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    def _check_bucket(self) -> None:
+        """Raise OutputError if OUT's bucket (container) does not exist."""
+        split = getattr(self._fs, "split_path", None)
+        if split is None:
+            return
+        bucket = split(self._root)[0]
+        try:
+            self._fs.info(bucket)
+        except FileNotFoundError as err:
+            raise OutputError(
+                f"{self.out}: the bucket {bucket!r} does not exist ({err}); create it or fix "
+                "the URL",
+                self.out,
+            ) from err
+
+    # --- the Destination seam ---------------------------------------------------------
+
+    def check(self) -> None:
+        config = self._config
+        existing = sorted(self._first_contact())
+        if not existing:
+            if config.resume:
+                raise InputError(
+                    f"{self.out}: no interrupted build to resume here; run without --resume",
+                    self.out,
+                )
+            return
+        if not (config.overwrite or config.resume):
+            raise _not_empty(self.out, existing, "prefix")
+
+    def prepare(self) -> None:
+        advice = "cannot clear the output prefix: fix the cause, then run the same command again"
+        if self._config.overwrite:
+            own = [
+                name
+                for name in self._entries(advice)
+                if OWN_FILE.match(name) or name == JOURNAL_NAME
+            ]
+            # the manifest first: a reader never sees it name a shard that is being replaced
+            own.sort(key=lambda name: name != MANIFEST_NAME)
+            for name in own:
+                self._call(partial(self._fs.rm_file, self._path(name)), self._url, advice)
+        self.staging = tempfile.mkdtemp(prefix="shardprep-staging-")
+        self._uploads = _Uploads(UPLOAD_THREADS, self._upload)
+
+    def start_journal(self, fingerprint: str) -> None:
+        record = _journal_record(self._config, fingerprint)
+        url = self._object_url(JOURNAL_NAME)
+        if self._config.resume:
+            entries = self._entries("fix the cause, then run the same command again")
+            if MANIFEST_NAME in entries and JOURNAL_NAME not in entries:
+                raise InputError(
+                    f"{self.out}: the build is already complete; nothing to resume", self.out
+                )
+            if JOURNAL_NAME not in entries:
+                raise InputError(
+                    f"{self.out}: no interrupted build to resume here; run without --resume",
+                    self.out,
+                )
+            if not 0 <= entries[JOURNAL_NAME] <= JOURNAL_LIMIT:
+                raise InputError(
+                    f"{url}: the build journal is unreadable ({entries[JOURNAL_NAME]} bytes); "
+                    "start over with --overwrite",
+                    url,
+                )
+            data = self._call(
+                lambda: self._fs.cat_file(self._path(JOURNAL_NAME)),
+                url,
+                "fix the cause, then run the same command again",
+            )
+            try:
+                previous = json.loads(data)
+            except ValueError as err:
+                raise InputError(
+                    f"{url}: the build journal is unreadable ({err}); start over with --overwrite",
+                    url,
+                ) from err
+            _check_journal(self.out, previous, record)
+            self._journal_written = True
+            return
+        data = json.dumps(record, sort_keys=True).encode()
+        self._call(
+            lambda: self._fs.pipe_file(self._path(JOURNAL_NAME), data),
+            url,
+            "cannot start the build: fix the cause, then run the same command again",
+        )
+        self._journal_written = True
+
+    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+        """Shards whose object and index both exist, checked and hashed (downloaded once:
+        the manifest needs their sha256); a shard whose index does not describe its object
+        is written again."""
+        entries = self._entries("fix the cause, then run the same command with --resume")
+        compression = self._config.compression
+        done = [
+            shard
+            for shard in range(num_shards)
+            if entries.get(shard_name(shard, compression), -1) >= 0
+            and entries.get(index_name(shard), -1) >= 0
+        ]
+        with ThreadPoolExecutor(RESUME_THREADS, thread_name_prefix="shardprep-resume") as pool:
+            found = list(pool.map(lambda s: self._reuse(s, entries), done))
+        return {shard: record for shard, record in zip(done, found, strict=True) if record}
+
+    def _reuse(self, shard: int, entries: dict[str, int]) -> ShardRecord | None:
+        compression, fs = self._config.compression, self._fs
+        name, idx = shard_name(shard, compression), index_name(shard)
+        advice = "fix the cause, then run the same command with --resume"
+        index_bytes = self._call(
+            lambda: fs.cat_file(self._path(idx)), self._object_url(idx), advice
+        )
+        try:
+            expected = self._expected_bytes(index_bytes, self._object_url(idx))
+        except ManifestError:
+            return None  # not this build's index: write the shard again
+        if len(index_bytes) != entries[idx] or expected != entries[name]:
+            return None
+
+        def digest() -> str:
+            sha = hashlib.sha256()
+            with fs.open(self._path(name), "rb", block_size=8 << 20) as f:
+                for block in iter(lambda: f.read(8 << 20), b""):
+                    sha.update(block)
+            return sha.hexdigest()
+
+        sha256 = self._call(digest, self._object_url(name), advice)
+        return record_from_index(
+            shard, compression, index_bytes, self._object_url(idx), sha256, entries[name]
+        )
+
+    def _expected_bytes(self, index_bytes: bytes, where: str) -> int:
+        """The size of the shard file the index describes."""
+        index = decode_index(index_bytes, where)
+        end = int(index.sample_offset[-1])
+        if self._config.compression != "zstd":
+            return end + len(EOF_MARKER)
+        import zstandard
+
+        compressor = zstandard.ZstdCompressor(level=self._config.zstd_level, write_checksum=True)
+        return int(index.frame_offset[-1]) + len(compressor.compress(EOF_MARKER))
+
+    def has_room(self, writing: int) -> bool:
+        assert self._uploads is not None
+        self._uploads.check()
+        return writing + self._uploads.staged < self._capacity
+
+    def wait_for_room(self, timeout: float) -> None:
+        assert self._uploads is not None
+        self._uploads.wait(timeout)
+
+    def shard_written(self, record: ShardRecord) -> None:
+        assert self._uploads is not None
+        self._uploads.check()
+        self._uploads.submit(record)
+
+    def _upload(self, record: ShardRecord) -> None:
+        """Upload a staged shard, its index first (a shard object implies its index), then
+        delete the local copies."""
+        for name in (record.index_file, record.file):
+            local = os.path.join(self.staging, name)
+            self._call(
+                partial(self._fs.put_file, local, self._path(name)),
+                self._object_url(name),
+                RESUME_ADVICE,
+            )
+            os.remove(local)
+
+    def publish(self, manifest: Manifest) -> None:
+        assert self._uploads is not None
+        while self._uploads.staged:
+            self._uploads.wait(0.25)
+        self._uploads.check()
+        advice = "the manifest was not written: run the same command with --resume"
+        entries = self._entries(advice)
+        for shard in manifest.shards:
+            for name, size in (
+                (shard.file, shard.num_bytes),
+                (shard.index_file, shard.index_bytes),
+            ):
+                if entries.get(name) != size:
+                    found = "missing" if name not in entries else f"{entries[name]} bytes"
+                    raise OutputError(
+                        f"{self._object_url(name)}: the uploaded object is {found}, not the "
+                        f"{size} bytes written; {advice}",
+                        self._object_url(name),
+                    )
+        data = manifest_bytes(manifest)
+        self._call(
+            lambda: self._fs.pipe_file(self._path(MANIFEST_NAME), data),
+            self._object_url(MANIFEST_NAME),
+            "every shard is uploaded and kept: fix the cause, then run the same command with "
+            "--resume to write the manifest",
+        )
+        self._call(
+            lambda: self._fs.rm_file(self._path(JOURNAL_NAME)),
+            self._object_url(JOURNAL_NAME),
+            f"the build is complete, but its journal is left: delete {JOURNAL_NAME} "
+            "from OUT, or run the same command with --resume",
+        )
+        self._journal_written = False
+
+    def has_journal(self) -> bool:
+        try:
+            return bool(self._fs.exists(self._path(JOURNAL_NAME)))
+        except Exception:  # unreachable now: what this build knows
+            return self._journal_written
+
+    def discard_partial(self) -> None:
+        if self._uploads is not None:
+            self._uploads.stop()
+
+    def close(self) -> None:
+        if self._uploads is not None:
+            self._uploads.stop()
+        if self.staging:
+            shutil.rmtree(self.staging, ignore_errors=True)

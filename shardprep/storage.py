@@ -1,0 +1,138 @@
+"""Storage: fsspec URLs for the builder: which paths are URLs, opening their filesystem with
+bounded defaults, and turning a backend's exception into one message naming the URL.
+
+Local paths and ``file://`` URLs never come here. Any other ``protocol://`` URL (``s3://``,
+``gs://``, ``memory://``, chained ``simplecache::s3://``) is opened with
+``fsspec.core.url_to_fs(url, **storage_options)``, so credentials, profiles, endpoints and
+anonymous access are the backend's own options and environment variables (for s3fs: ``key``,
+``secret``, ``profile``, ``anon``, ``client_kwargs={"endpoint_url": ...}``; ``AWS_PROFILE``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``
+as botocore reads them).
+
+For S3 the defaults bound every wait (:data:`S3_DEFAULTS`): a 5 s connect timeout and a 15 s
+read timeout (a wait for the next bytes, not a whole transfer; s3fs's own defaults, stated),
+and botocore's "standard" retry mode with ``max_attempts`` 3 (botocore counts retries there:
+4 attempts in all; it retries refused connections, throttling and 5xx answers). s3fs retries read timeouts and
+bodies cut short 5 times on top, so an endpoint that accepts connections and never answers
+takes minutes to fail at these settings: the build's first contact with OUT therefore has an
+overall deadline of its own (``destination.CONTACT_TIMEOUT_S``).
+Options in ``fsspec.config.conf`` (``FSSPEC_S3_*`` variables) replace these defaults and
+``storage_options`` replace both, one key deep: ``config_kwargs={"read_timeout": 300}`` keeps
+the other defaults of ``config_kwargs``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from shardprep.errors import OutputError
+
+__all__ = ["S3_DEFAULTS", "describe_error", "is_url", "local_path", "open_url"]
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-:]*://")
+S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {
+        "connect_timeout": 5,
+        "read_timeout": 15,
+        "retries": {"max_attempts": 3, "mode": "standard"},
+    }
+}
+_EXTRAS = {"s3": "s3", "s3a": "s3"}
+
+
+def is_url(path: str) -> bool:
+    """True for a URL that needs fsspec: ``protocol://`` other than ``file://``."""
+    return bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """A local path or ``file://`` URL as a plain path."""
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _protocol(url: str) -> str:
+    """The innermost protocol of ``url`` (``s3`` for ``simplecache::s3://b/k``)."""
+    return url.split("::")[-1].split("://", 1)[0]
+
+
+def _merged(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` over ``defaults``, one level deep for dict values."""
+    merged = dict(defaults)
+    for key, value in options.items():
+        base = merged.get(key)
+        if isinstance(base, dict) and isinstance(value, Mapping):
+            merged[key] = {**base, **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (a new instance) and the path inside it.
+
+    Raises:
+        OutputError: fsspec or the protocol's backend is not installed (naming the extra or
+            package to install), or the protocol is unknown.
+    """
+    protocol = _protocol(url)
+    try:
+        import fsspec
+        import fsspec.config
+        import fsspec.core
+    except ImportError as err:
+        raise OutputError(
+            f"{url}: object storage needs fsspec and the backend of {protocol}://: "
+            f'pip install "shardprep[s3]" (for s3://) or fsspec plus the backend',
+            url,
+        ) from err
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except ValueError as err:
+        raise OutputError(
+            f"{url}: unknown protocol {protocol!r} (fsspec knows no such filesystem); check the "
+            "URL, or install the fsspec backend that provides it",
+            url,
+        ) from err
+    except ImportError as err:
+        extra = _EXTRAS.get(protocol)
+        how = f'pip install "shardprep[{extra}]"' if extra else f"{err}".rstrip(".")
+        raise OutputError(f"{url}: the {protocol}:// backend is not installed: {how}", url) from err
+    # a deep copy: botocore rewrites the ``retries`` dict it is given in place
+    defaults: dict[str, Any] = copy.deepcopy(S3_DEFAULTS) if protocol in _EXTRAS else {}
+    protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
+    configured = {key for p in protocols for key in fsspec.config.conf.get(p, {})}
+    defaults = {k: v for k, v in defaults.items() if k not in configured}
+    options = _merged(defaults, storage_options or {})
+    try:
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    except TypeError as err:  # an option the backend does not take
+        raise OutputError(
+            f"{url}: the {protocol}:// backend refused the storage options ({err}); "
+            "check --storage-option names against its documentation",
+            url,
+        ) from err
+    return fs, str(path)
+
+
+def describe_error(url: str, err: BaseException) -> str:
+    """``url``, what went wrong talking to its storage, and what to check; one line."""
+    if isinstance(err, FileNotFoundError) and "bucket" in str(err).lower():
+        return f"{url}: the bucket does not exist ({err}); create it or fix the URL"
+    if isinstance(err, PermissionError):
+        return (
+            f"{url}: access denied ({err}); check the credentials the backend uses "
+            "(for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or "
+            "--storage-option profile=..., key=..., secret=..., anon=true) and the bucket's "
+            "permissions"
+        )
+    if isinstance(err, FileNotFoundError):
+        return f"{url}: not found ({err})"
+    name = type(err).__name__
+    return (
+        f"{url}: cannot reach the storage ({name}: {err}); check the endpoint "
+        "(--storage-option 'client_kwargs={\"endpoint_url\": ...}' or AWS_ENDPOINT_URL), "
+        "the network and the credentials"
+    )
