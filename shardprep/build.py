@@ -239,8 +239,8 @@ def _write_all(
     todo = [s for s in range(len(plan)) if s not in records]
     total = sum(len(plan[s]) for s in todo)
 
-    def admit() -> None:  # before a shard starts: wait until the destination can take it
-        while not destination.has_room(0):
+    def admit(writing: int) -> None:  # before a shard starts: wait until OUT can take it
+        while not destination.has_room(writing):
             destination.wait_for_room(0.25)
 
     try:

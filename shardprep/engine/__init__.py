@@ -67,13 +67,15 @@ class Engine(Protocol):
         context: WriteContext,
         todo: Sequence[int],
         progress: Progress,
-        admit: Callable[[], None] | None = None,
+        admit: Callable[[int], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """Write shards ``todo``; yields ``(shard, record)`` as each one completes.
 
-        ``progress(n)`` reports ``n`` more samples written; ``admit()``, called
-        before each shard starts, may block until the output can take another
-        (a remote destination's bounded staging). On an error or a
+        ``progress(n)`` reports ``n`` more samples written; ``admit(writing)``,
+        called before each shard starts with the number of shards being written,
+        may block until the output can take another (a remote destination's
+        bounded staging; the Ray engine passes 0: its window of tasks comes on
+        top). On an error or a
         Ctrl-C every running write is stopped before the exception leaves
         this generator, so no partial file is being written afterwards.
         """

@@ -73,14 +73,14 @@ class LocalEngine:
         context: WriteContext,
         todo: Sequence[int],
         progress: Callable[[int], None],
-        admit: Callable[[], None] | None = None,
+        admit: Callable[[int], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """Write ``todo`` over up to ``workers`` processes (in this process with one)."""
         workers = min(self.workers, max(1, len(todo)))
         if workers == 1:
             for shard in todo:
                 if admit is not None:
-                    admit()
+                    admit(0)
                 yield shard, context.write(shard, progress)
             return
         yield from _write_parallel(context, todo, workers, progress, admit)
@@ -131,7 +131,7 @@ def _write_parallel(
     todo: Sequence[int],
     workers: int,
     progress: Callable[[int], None],
-    admit: Callable[[], None] | None = None,
+    admit: Callable[[int], None] | None = None,
 ) -> Generator[tuple[int, ShardRecord], None, None]:
     """Write shards ``todo`` over ``workers`` processes, ``workers`` shards at a time.
 
@@ -152,7 +152,7 @@ def _write_parallel(
         while waiting or pending:
             while waiting and len(pending) < workers:
                 if admit is not None:
-                    admit()
+                    admit(len(pending))
                 shard = waiting.popleft()
                 pending[pool.executor.submit(_write_in_worker, shard)] = shard
             done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C

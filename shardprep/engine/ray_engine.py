@@ -161,7 +161,7 @@ class RayEngine:
         context: WriteContext,
         todo: Sequence[int],
         progress: Callable[[int], None],
-        admit: Callable[[], None] | None = None,
+        admit: Callable[[int], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """One Ray task per shard, ``window`` in flight; yields as tasks complete."""
         ray = self._ray
@@ -170,7 +170,7 @@ class RayEngine:
         try:
             for shard in queue:
                 if admit is not None:
-                    admit()
+                    admit(0)
                 pending[self._write.remote(context.task(shard))] = shard
                 if len(pending) >= self.window:
                     break
@@ -183,7 +183,7 @@ class RayEngine:
                     next_shard = next(queue, None)
                     if next_shard is not None:
                         if admit is not None:
-                            admit()
+                            admit(0)
                         pending[self._write.remote(context.task(next_shard))] = next_shard
                     yield shard, record
         except BaseException:

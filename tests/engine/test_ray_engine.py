@@ -163,6 +163,10 @@ def test_a_lasting_failure_is_not_retried_and_fails_the_build(data: Data, cluste
     assert not (out / "manifest.json").exists()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for_first_shard(driver: subprocess.Popen[bytes], out: Path) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not (out / "shard-00000.tar").exists():  # a shard written: mid-build
@@ -177,7 +181,13 @@ def test_ctrl_c_cancels_the_ray_tasks_and_resume_finishes(data: Data, cluster: s
     command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
     command += ["-n", str(SHARDS), "--engine", "ray", "--ray-address", cluster]
     driver = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        command,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
+        # background job of a non-interactive shell does, and the child would inherit it)
+        preexec_fn=_default_sigint,
     )
     try:
         _wait_for_first_shard(driver, out)
@@ -186,7 +196,7 @@ def test_ctrl_c_cancels_the_ray_tasks_and_resume_finishes(data: Data, cluster: s
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(timeout=30)
+            driver.communicate(timeout=30)  # reaps it and closes its pipes
         (data.faults / "hold-5").unlink(missing_ok=True)
     assert driver.returncode == 130, stderr.decode()
     assert "run the same command with --resume" in stderr.decode()

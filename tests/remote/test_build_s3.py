@@ -253,6 +253,9 @@ def _stop_mid_upload_then_resume(
         text=True,
         env={**os.environ, **s3.environment(proxy.endpoint)},
         start_new_session=True,
+        # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
+        # background job of a non-interactive shell does, and the child would inherit it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     fs = _filesystem(s3)
     try:
