@@ -23,8 +23,8 @@ from typing import Any
 
 def _payload_bytes(batch: Any) -> tuple[int, int]:
     """(samples, payload bytes) of one batch of either path."""
-    if isinstance(batch, list):  # the per-sample path, collated to payload lists below
-        return len(batch), sum(map(len, batch))
+    if isinstance(batch, tuple):  # the per-sample path: (samples, payloads), collated below
+        return batch[0], sum(map(len, batch[1]))
     packed = [v for v in batch.values() if hasattr(v, "offsets")]
     return len(batch["__key__"]), sum(int(p.data.numel()) for p in packed)
 
@@ -37,8 +37,8 @@ def _loader(out: str, workers: int, samples: bool) -> tuple[Any, Any]:
     if samples:
         ds = ShardDataset(out, seed=0)
 
-        def payloads(batch: list[dict[str, Any]]) -> list[bytes]:
-            return [v for s in batch for k, v in s.items() if isinstance(v, bytes)]
+        def payloads(batch: list[dict[str, Any]]) -> tuple[int, list[bytes]]:
+            return len(batch), [v for s in batch for v in s.values() if isinstance(v, bytes)]
 
         return ds, DataLoader(ds, batch_size=64, num_workers=workers, collate_fn=payloads)
     ds = ShardDataset(out, seed=0, batch_size=64)

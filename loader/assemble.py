@@ -17,6 +17,8 @@ gives the same batch or raises the same ``CorruptShardError``, naming the sample
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -31,7 +33,7 @@ from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samp
 from loader.read import Chunk
 from shardprep.shardformat import payload_checksum
 
-__all__ = ["Window", "assemble_batches"]
+__all__ = ["Recycler", "Window", "assemble_batches"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -112,12 +114,48 @@ class _Fields:
         self.names = [window.names[f] for f in first.tolist()]
 
 
-def _gather(segments: list[tuple[Window, IntArray]], arena: Arena | None) -> Packed | None:
+class Recycler:
+    """Large batch buffers of the main process, reused once the batch's tensor is freed.
+
+    A fresh multi-MiB buffer per batch is a fresh ``malloc`` that glibc often
+    serves with new pages (a page fault per 4 KiB) while its thresholds adapt;
+    here a buffer goes back to a short free list when the tensor over it and
+    every view of it are gone (a finalizer on the array the tensor holds), and
+    the next batch of at most that size takes it. Nothing is reused while in use.
+    """
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._free: list[npt.NDArray[np.uint8]] = []
+        self._lock = threading.Lock()  # finalizers run in whichever thread frees the tensor
+
+    def tensor(self, size: int) -> tuple[torch.Tensor, memoryview]:
+        """A uint8 tensor of ``size`` bytes and a writable view of them."""
+        with self._lock:  # (arrays compare element-wise: list positions, never ``remove``)
+            fits = [i for i, b in enumerate(self._free) if len(b) >= size]
+            buffer = self._free.pop(min(fits, key=lambda i: len(self._free[i]))) if fits else None
+        if buffer is None:
+            buffer = np.empty(size + size // 8, dtype=np.uint8)  # room for a larger batch
+        array = buffer[:size]
+        weakref.finalize(array, self._give, buffer)
+        return torch.from_numpy(array), memoryview(array)  # type: ignore[arg-type]
+
+    def _give(self, buffer: npt.NDArray[np.uint8]) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            if len(self._free) > self.KEEP:
+                self._free.pop(min(range(len(self._free)), key=lambda i: len(self._free[i])))
+
+
+def _gather(
+    segments: list[tuple[Window, IntArray]], arena: Arena | None, recycler: Recycler | None
+) -> Packed | None:
     """One field's payloads (``segments``: window and member numbers) packed in one tensor.
 
     In a DataLoader worker (``arena`` given) a large one is written into the
-    worker's shared-memory ring, or else made in fresh shared memory. None if
-    a member fails its checksum.
+    worker's shared-memory ring, or else made in fresh shared memory; in the
+    main process into a ``recycler`` buffer. None if a member fails its checksum.
     """
     sizes = np.concatenate([w.size[m] for w, m in segments])
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -143,6 +181,11 @@ def _gather(segments: list[tuple[Window, IntArray]], arena: Arena | None) -> Pac
         out = memoryview(data.numpy())  # type: ignore[arg-type]
         for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
             out[start:stop] = view
+    elif recycler is not None and total >= SHARE_BYTES:
+        data, out = recycler.tensor(total)
+        ends = offsets.tolist()
+        for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
+            out[start:stop] = view
     elif total:
         data = torch.frombuffer(bytearray().join(views), dtype=torch.uint8)
     else:
@@ -151,7 +194,10 @@ def _gather(segments: list[tuple[Window, IntArray]], arena: Arena | None) -> Pac
 
 
 def _assemble(
-    segments: list[tuple[Window, IntArray]], position: dict[str, int], arena: Arena | None
+    segments: list[tuple[Window, IntArray]],
+    position: dict[str, int],
+    arena: Arena | None,
+    recycler: Recycler | None,
 ) -> Batch:
     """The batch of the given window positions, exactly as the per-sample path makes it.
 
@@ -168,7 +214,7 @@ def _assemble(
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
         columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
         for k, name in enumerate(names):
-            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], arena)
+            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], arena, recycler)
             if packed is None:
                 break  # a member fails its checksum
             batch[name] = packed
@@ -188,13 +234,15 @@ def assemble_batches(
     batch_size: int,
     positions: Iterator[dict[str, int]],
     arena: Arena | None = None,
+    recycler: Recycler | None = None,
 ) -> Iterator[Batch]:
     """Batches of ``batch_size`` window samples (the last may be short), in window order.
 
     ``windows`` yields each window's chunks and the positions to emit, in
     order (``loader.shuffle.shuffled_windows``); ``positions`` gives each
     batch's ``__position__``; ``arena``: the DataLoader worker's ring for
-    large payloads (None in the main process).
+    large payloads (None in the main process); ``recycler``: the main
+    process's reused buffers for them.
     """
     pending: list[tuple[Window, IntArray]] = []  # this window's part of the next batch
     carried: list[dict[str, Any]] = []  # earlier windows' part of it, as sample dicts
@@ -209,7 +257,7 @@ def assemble_batches(
                 if carried:
                     yield collate_samples(carried + _samples(pending), next(positions))
                 else:
-                    yield _assemble(pending, next(positions), arena)
+                    yield _assemble(pending, next(positions), arena, recycler)
                 pending, carried, need = [], [], batch_size
         # The next batch goes on in the next window: keep its samples (copies), not this
         # window, so that one window is in memory while the next is read. (The per-sample

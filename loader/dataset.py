@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from loader.arena import RINGS, Arena
-from loader.assemble import assemble_batches
+from loader.assemble import Recycler, assemble_batches
 from loader.batch import Batch, collate_samples
 from loader.core import ShardStream
 from loader.options import ReadOptions
@@ -82,7 +82,11 @@ class ShardDataset(ShardStream, TorchLayer):
     ) -> Iterator[Batch]:
         """Batches gathered straight from the read windows (``loader.assemble``); in a
         DataLoader worker, large payloads go through the worker's ring (``loader.arena``)."""
-        arena = self._arena() if RINGS and worker_info() is not None else None
+        if worker_info() is None:  # the main process: large payloads in reused buffers
+            recycler = self.__dict__.get("_recycler") or Recycler()
+            self._recycler = recycler
+            return assemble_batches(windows, batch_size, positions, None, recycler)
+        arena = self._arena() if RINGS else None
         return assemble_batches(windows, batch_size, positions, arena)
 
     def _arena(self) -> Arena:

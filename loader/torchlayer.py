@@ -219,6 +219,7 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_worker_arena", None)  # a DataLoader worker's own; never crosses processes
+        state.pop("_recycler", None)  # the main process's batch buffers: they stay there
         # A spawned or forkserver worker has no process group: hand it the rank resolved here.
         import torch.distributed as dist
 

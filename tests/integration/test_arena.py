@@ -117,3 +117,25 @@ def test_batches_the_consumer_keeps_keep_their_bytes(
     assert ring > 4 and len(kept) == len(reference) // keep
     for where, batch in kept.items():
         assert batch["bin"].tolist() == reference[where], where
+
+
+def test_in_process_batches_kept_or_freed_keep_their_bytes(big: Path) -> None:
+    """In the main process large payloads go into reused buffers (``assemble.Recycler``): a
+    buffer is reused only once its batch is freed, so kept batches keep their bytes."""
+    reference = {}
+    for epoch in range(3):
+        slow = ShardDataset(str(big), batch_size=32, seed=7, transform=lambda s: s)
+        slow.set_epoch(epoch)
+        reference |= {(epoch, i): b["bin"].tolist() for i, b in enumerate(slow)}
+    ds = ShardDataset(str(big), batch_size=32, seed=7)
+    kept = {}
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i, batch in enumerate(ds):
+            assert batch["bin"].tolist() == reference[epoch, i]
+            if i % 3 == 0:
+                kept[epoch, i] = batch
+            del batch
+    assert len(ds._recycler._free) > 0  # buffers were handed back and reused
+    for where, batch in kept.items():
+        assert batch["bin"].tolist() == reference[where], where
