@@ -39,6 +39,15 @@ _REGION = "us-east-1"
 _METHODS = frozenset({b"GET", b"HEAD", b"PUT", b"POST", b"DELETE"})
 
 
+def _die_with_parent() -> None:
+    """In the server's child process: SIGKILL it when its parent dies, even by SIGKILL (a
+    killed pytest runs no teardown; the server is in a session of its own)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     """A TCP port that was free on 127.0.0.1 a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -65,6 +74,7 @@ class S3Server:
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
