@@ -5,16 +5,22 @@ Reads directory entries and stats files; never opens a file's data.
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
+import struct
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from shardprep.errors import InputError
 
 __all__ = ["FileEntry", "Problems", "walk_files"]
 
 Tick = Callable[[int], None]
+
+RUN_NAMES = 1 << 16  # a folder with more names is sorted in runs on disk, then merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +67,7 @@ def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[File
     """
     here = os.path.join(top, rel_dir) if rel_dir else top
     try:
-        # Names only (not DirEntry objects): a folder of a million files stays small in memory.
-        names = sorted(name for name in os.listdir(here) if not name.startswith("."))
+        names = sorted_names(here)
         folder = os.open(here, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as err:
         problems.add(here, f"cannot list folder ({err.strerror})")
@@ -93,3 +98,45 @@ def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[File
         os.close(folder)
     for name in subdirs:
         yield from walk_files(top, problems, f"{rel_dir}/{name}" if rel_dir else name)
+
+
+def sorted_names(folder: str, run: int = RUN_NAMES) -> Iterator[str]:
+    """The non-hidden names in ``folder``, sorted, holding at most ``run`` of them in memory.
+
+    A folder of millions of files is read in runs of ``run`` names, each
+    sorted and spilled to an anonymous temporary file, then merged; smaller
+    folders are sorted in memory. The listing happens before this returns
+    (an unlistable folder raises ``OSError`` here), the merge as it is iterated.
+    """
+    runs: list[BinaryIO] = []
+    batch: list[str] = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            batch.append(entry.name)
+            if len(batch) >= run:
+                runs.append(_spill_run(sorted(batch)))
+                batch = []
+    batch.sort()
+    if not runs:
+        return iter(batch)
+    return heapq.merge(*(_read_run(f) for f in runs), batch)
+
+
+def _spill_run(names: list[str]) -> BinaryIO:
+    """Write sorted ``names`` (length-prefixed file-system bytes) to an anonymous temporary file."""
+    f = tempfile.TemporaryFile(prefix="shardprep-names-")  # noqa: SIM115 (closed by _read_run)
+    for name in names:
+        raw = os.fsencode(name)
+        f.write(struct.pack("<I", len(raw)) + raw)
+    f.seek(0)
+    return f
+
+
+def _read_run(f: BinaryIO) -> Iterator[str]:
+    """The names of one spilled run, in order; closes (and so deletes) the file at the end."""
+    with f:
+        while header := f.read(4):
+            (length,) = struct.unpack("<I", header)
+            yield os.fsdecode(f.read(length))
