@@ -8,16 +8,27 @@ no I/O.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from shardprep.keys import key_from_stem
 
-__all__ = ["Inventory", "InventoryBuilder", "PartRef", "SampleRef"]
+__all__ = [
+    "Inventory",
+    "InventoryBuilder",
+    "InventorySink",
+    "InventoryView",
+    "SinkFactory",
+    "PartRef",
+    "SampleRef",
+]
 
 UNLABELLED = -1
 
@@ -190,12 +201,136 @@ class Inventory:
             meta_end=meta_end,
         )
 
+    @classmethod
+    def concat(cls, pieces: list[Inventory]) -> Inventory:
+        """The samples of every piece, in order (tables of the first piece, containers merged)."""
+        first = pieces[0]
+        containers: dict[str, int] = {}
+        container_ids = [
+            np.array([containers.setdefault(c, len(containers)) for c in p.containers], np.uint32)
+            for p in pieces
+        ]
+        with_meta = first.meta_end is not None
+
+        def ends(values: list[npt.NDArray[np.uint64]], sizes: list[int]) -> npt.NDArray[np.uint64]:
+            shifts = np.cumsum([0, *sizes[:-1]]).astype(np.uint64)
+            parts = [v + s for v, s in zip(values, shifts, strict=True)]
+            return np.concatenate(parts).astype(np.uint64) if parts else np.zeros(0, np.uint64)
+
+        part_counts = [len(p.part_size) for p in pieces]
+        return Inventory(
+            root=first.root,
+            class_names=first.class_names,
+            exts=first.exts,
+            containers=tuple(containers),
+            stem_blob=b"".join(p.stem_blob for p in pieces),
+            stem_end=ends([p.stem_end for p in pieces], [len(p.stem_blob) for p in pieces]),
+            label=np.concatenate([p.label for p in pieces]).astype(np.int32),
+            container=np.concatenate(
+                [ids[p.container] for ids, p in zip(container_ids, pieces, strict=True)]
+            ).astype(np.uint32),
+            part_start=np.concatenate(
+                [[0], ends([p.part_start[1:] for p in pieces], part_counts)]
+            ).astype(np.uint64),
+            part_ext=np.concatenate([p.part_ext for p in pieces]).astype(np.uint16),
+            part_size=np.concatenate([p.part_size for p in pieces]).astype(np.uint64),
+            part_offset=np.concatenate([p.part_offset for p in pieces]).astype(np.int64),
+            meta_blob=b"".join(p.meta_blob for p in pieces),
+            meta_end=ends(
+                [p.meta_end for p in pieces if p.meta_end is not None],
+                [len(p.meta_blob) for p in pieces],
+            )
+            if with_meta
+            else None,
+        )
+
     def class_counts(self) -> list[int]:
         """Number of samples per class index (empty list when unlabelled)."""
         if self.class_names is None:
             return []
         counts: list[int] = np.bincount(self.label, minlength=len(self.class_names)).tolist()
         return counts
+
+    # The read side shared with the on-disk store (shardprep.spill.InventoryStore).
+
+    @property
+    def num_parts(self) -> int:
+        """Files (or tar members) in the inventory: a sample has one or more."""
+        return len(self.part_size)
+
+    def rows(self, lo: int, hi: int) -> Inventory:
+        """Samples ``lo`` to ``hi - 1``."""
+        return self.subset(np.arange(lo, hi))
+
+    def chunks(self, size: int) -> Iterator[tuple[int, Inventory]]:
+        """``(first index, rows)`` for consecutive chunks of at most ``size`` samples."""
+        for lo in range(0, len(self), size):
+            yield lo, self.rows(lo, min(len(self), lo + size))
+
+    def gather(self, indices: npt.NDArray[np.integer]) -> Inventory:
+        """The samples at ``indices`` (any order, repeats allowed)."""
+        return self.subset(indices)
+
+    def column(self, name: str, lo: int = 0, hi: int | None = None) -> npt.NDArray[Any]:
+        """Entries ``lo`` to ``hi`` of one column (``label``, ``part_size``, ...)."""
+        values: npt.NDArray[Any] = getattr(self, name)[lo:hi]
+        return values
+
+    def source_bytes(self) -> int:
+        """Total size of every part (the input's data bytes)."""
+        return int(self.part_size.sum())
+
+    def digest_into(self, digest: hashlib._Hash) -> None:
+        """Feed the columns that identify the input to ``digest`` (the build's fingerprint)."""
+        for values in (self.stem_end, self.label, self.part_size, self.part_ext):
+            digest.update(np.ascontiguousarray(values).tobytes())
+        digest.update(self.stem_blob)
+        digest.update(json.dumps(self.exts).encode())
+        digest.update(self.meta_blob)
+
+
+class InventoryView(Protocol):
+    """What the stages after the scan read: an :class:`Inventory` or an on-disk store."""
+
+    @property
+    def root(self) -> str: ...
+    @property
+    def class_names(self) -> tuple[str, ...] | None: ...
+    @property
+    def exts(self) -> tuple[str, ...]: ...
+    @property
+    def num_parts(self) -> int: ...
+    def __len__(self) -> int: ...
+    def rows(self, lo: int, hi: int) -> Inventory: ...
+    def chunks(self, size: int) -> Iterator[tuple[int, Inventory]]: ...
+    def gather(self, indices: npt.NDArray[np.integer]) -> Inventory: ...
+    def column(self, name: str, lo: int = 0, hi: int | None = None) -> npt.NDArray[Any]: ...
+    def sample(self, i: int) -> SampleRef: ...
+    def key(self, i: int) -> str: ...
+    def class_counts(self) -> list[int]: ...
+    def source_bytes(self) -> int: ...
+    def digest_into(self, digest: hashlib._Hash) -> None: ...
+
+
+SinkFactory = Callable[[str, bool], "InventorySink"]  # (root, with_meta) -> an empty sink
+
+
+class InventorySink(Protocol):
+    """Where a scan puts samples: an in-memory builder, or an on-disk store."""
+
+    def __len__(self) -> int: ...
+    def add(
+        self,
+        stem: str,
+        label: int,
+        parts: list[tuple[str, int, int]],
+        container: str = "",
+        meta: bytes | None = None,
+    ) -> None: ...
+    def extend(self, other: InventoryBuilder) -> None: ...
+    def relabel(self, mapping: npt.NDArray[np.int32]) -> None: ...
+    def set_part_sizes(self, sizes: list[int]) -> None: ...
+    def freeze(self, class_names: tuple[str, ...] | None) -> InventoryView: ...
 
 
 def _ranges(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

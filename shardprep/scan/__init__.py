@@ -8,6 +8,7 @@ duplicate keys) before anything is written.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.errors import DuplicateKeyError, InputError
-from shardprep.inventory import Inventory
+from shardprep.inventory import Inventory, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
@@ -98,8 +99,13 @@ def scan(
     detected: bool = False,
     ordered_map: OrderedMap | None = None,
     storage_options: Mapping[str, Any] | None = None,
-) -> Inventory:
+    sink: SinkFactory = InventoryBuilder,
+) -> InventoryView:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
+
+    ``sink`` makes what the samples are collected in: in memory by default,
+    or a :class:`~shardprep.spill.InventoryStore` on disk (the build's), which
+    is then returned.
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
     ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
@@ -123,14 +129,16 @@ def scan(
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
         inventory = scan_listing(
-            raw, count, path_column, label_column, ordered_map, storage_options
+            raw, count, path_column, label_column, ordered_map, storage_options, sink
         )
     elif fmt is InputFormat.CLASS_FOLDERS:
-        inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map)
+        inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map, sink)
     elif fmt is InputFormat.KEYED:
-        inventory = scan_keyed_files(os.path.abspath(raw), count, same_type_parts=not detected)
+        inventory = scan_keyed_files(
+            os.path.abspath(raw), count, same_type_parts=not detected, sink=sink
+        )
     else:
-        inventory = scan_tar_shards(os.path.abspath(raw), count, ordered_map)
+        inventory = scan_tar_shards(os.path.abspath(raw), count, ordered_map, sink)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
     try:
@@ -155,17 +163,54 @@ def _one_keyed_sample(first: str, second: str) -> bool:
     return dir_a == dir_b and split_name(name_a)[0] == split_name(name_b)[0]
 
 
-def check_unique_keys(inventory: Inventory) -> None:
+KEYS_PER_BUCKET = 1 << 18  # hashes sorted at once by the duplicate-key check (4 MiB)
+
+
+def check_unique_keys(inventory: InventoryView, per_bucket: int = KEYS_PER_BUCKET) -> None:
     """Raise DuplicateKeyError if two samples map to one key.
 
-    Compares 64-bit hashes of the keys (8 bytes per sample, not a set of
-    strings), then confirms a clash on the keys themselves.
+    Compares 64-bit hashes of the keys (not a set of strings), then confirms a
+    clash on the keys themselves. Memory stays bounded: up to ``per_bucket``
+    samples the hashes are sorted in memory; beyond, (hash, index) pairs are
+    spilled to one file per hash bucket and each bucket is checked on its own
+    (two equal keys always share a bucket).
     """
-    hashes = _key_hashes(inventory)
+    n = len(inventory)
+    buckets = -(-n // per_bucket)
+    if buckets <= 1:
+        hashes = [_key_hashes(rows) for _, rows in inventory.chunks(1 << 16)]
+        _check_hashes(inventory, np.concatenate(hashes or [np.zeros(0, np.int64)]), None)
+        return
+    pair = np.dtype([("hash", np.int64), ("index", np.int64)])
+    with tempfile.TemporaryDirectory(prefix="shardprep-keys-") as folder:
+        paths = [os.path.join(folder, str(b)) for b in range(buckets)]
+        for lo, rows in inventory.chunks(1 << 16):
+            pairs = np.empty(len(rows), pair)
+            pairs["hash"] = _key_hashes(rows)
+            pairs["index"] = np.arange(lo, lo + len(rows))
+            bucket = pairs["hash"].view(np.uint64) % np.uint64(buckets)
+            order = np.argsort(bucket, kind="stable")
+            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+            for b in np.flatnonzero(np.diff(bounds)).tolist():
+                with open(paths[b], "ab") as f:
+                    f.write(pairs[order[bounds[b] : bounds[b + 1]]].tobytes())
+        for path in paths:
+            if os.path.exists(path):
+                pairs = np.fromfile(path, pair)
+                _check_hashes(inventory, pairs["hash"], pairs["index"])
+
+
+def _check_hashes(
+    inventory: InventoryView,
+    hashes: npt.NDArray[np.int64],
+    indices: npt.NDArray[np.int64] | None,
+) -> None:
+    """Raise DuplicateKeyError for the first pair of equal hashes whose keys are equal."""
     order = np.argsort(hashes, kind="stable")
     same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    where = order if indices is None else indices[order]
     for pos in same:
-        a, b = int(order[pos]), int(order[pos + 1])
+        a, b = sorted((int(where[pos]), int(where[pos + 1])))
         if inventory.key(a) == inventory.key(b):
             raise DuplicateKeyError(
                 inventory.key(a), [inventory.sample(a).source, inventory.sample(b).source]

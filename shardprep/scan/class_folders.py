@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardprep.errors import InputError
-from shardprep.inventory import Inventory, InventoryBuilder
+from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
 from shardprep.scan.walk import Problems, Tick, walk_files
 from shardprep.workers import worker_pool
@@ -45,18 +45,23 @@ OrderedMap = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 def scan_class_folders(
-    root: str, tick: Tick, workers: int = 1, ordered_map: OrderedMap | None = None
-) -> Inventory:
+    root: str,
+    tick: Tick,
+    workers: int = 1,
+    ordered_map: OrderedMap | None = None,
+    sink: SinkFactory = InventoryBuilder,
+) -> InventoryView:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
 
     One task per class folder. With ``workers > 1`` class folders are scanned
     in parallel processes; ``ordered_map(fn, jobs)`` (an engine's, see
     :mod:`shardprep.engine`) runs them wherever it runs tasks instead. Either
     way the parts are merged in class order, so the result is the same as a
-    serial scan.
+    serial scan. ``sink`` makes what the samples go into (an on-disk store
+    keeps the build's memory flat; a serial scan adds each file straight into it).
     """
     classes = class_folder_names(root)
-    builder = InventoryBuilder(root)
+    builder = sink(root, False)
     problems = Problems()
     jobs = [(root, label, name) for label, name in enumerate(classes)]
     if ordered_map is not None:
@@ -73,13 +78,15 @@ def scan_class_folders(
                 _merge(builder, problems, *futures.pop().result(), tick)
     else:
         for job in jobs:
-            _merge(builder, problems, *_scan_class(job), tick)
+            before = len(builder)
+            _scan_class_into(job, builder, problems)
+            tick(len(builder) - before)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
 
 
 def _merge(
-    builder: InventoryBuilder,
+    builder: InventorySink,
     problems: Problems,
     part: InventoryBuilder,
     part_problems: Problems,
@@ -92,9 +99,16 @@ def _merge(
 
 def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:
     """Scan one class folder into its own builder (runs in a worker process when parallel)."""
-    root, label, name = job
-    builder = InventoryBuilder(root)
+    builder = InventoryBuilder(job[0])
     problems = Problems()
+    _scan_class_into(job, builder, problems)
+    return builder, problems
+
+
+def _scan_class_into(job: tuple[str, int, str], builder: InventorySink, problems: Problems) -> None:
+    """Add every file of one class folder to ``builder``, in sorted order."""
+    root, label, name = job
+    before = len(builder)
     for entry in walk_files(os.path.join(root, name), problems):
         rel_dir = f"{name}/{entry.rel_dir}" if entry.rel_dir else name
         stem, dot, ext = entry.name.rpartition(".")
@@ -114,8 +128,7 @@ def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:
             )
             continue
         builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])
-    if not len(builder):
+    if len(builder) == before:
         problems.add(
             os.path.join(root, name), "class folder has no files; remove it or add samples"
         )
-    return builder, problems

@@ -12,7 +12,7 @@ import os
 from itertools import groupby
 
 from shardprep.errors import InputError
-from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import split_name
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import FileEntry, Problems, Tick, walk_files
@@ -35,7 +35,9 @@ def _read_label(path: str, problems: Problems) -> str | None:
     return text
 
 
-def scan_keyed_files(root: str, tick: Tick, same_type_parts: bool = True) -> Inventory:
+def scan_keyed_files(
+    root: str, tick: Tick, same_type_parts: bool = True, sink: SinkFactory = InventoryBuilder
+) -> InventoryView:
     """Inventory of every key group below ``root``; ``tick(n)`` reports progress.
 
     ``same_type_parts=False`` (auto-detected layout) refuses a sample with two
@@ -43,10 +45,10 @@ def scan_keyed_files(root: str, tick: Tick, same_type_parts: bool = True) -> Inv
     more likely two samples with dotted names than one sample, so the user
     must say (``--format keyed`` follows WebDataset and merges them).
     """
-    builder = InventoryBuilder(root)
+    builder = sink(root, False)
     labels = LabelTable()
     problems = Problems()
-    unlabelled: list[str] = []
+    unlabelled, first_unlabelled = 0, ""
 
     def by_folder(entry: FileEntry) -> str:
         return entry.rel_dir
@@ -82,13 +84,14 @@ def scan_keyed_files(root: str, tick: Tick, same_type_parts: bool = True) -> Inv
                 problems.add(os.path.join(root, sample), "sample has a label but no data parts")
                 continue
             if label == UNLABELLED:
-                unlabelled.append(sample)
+                unlabelled += 1
+                first_unlabelled = first_unlabelled or sample
             builder.add(sample, label, parts)
             tick(1)
     if len(labels) and unlabelled:
         problems.add(
-            os.path.join(root, unlabelled[0]),
-            f"no .cls label, while other samples have one ({len(unlabelled)} such samples); "
+            os.path.join(root, first_unlabelled),
+            f"no .cls label, while other samples have one ({unlabelled} such samples); "
             "label every sample or none",
         )
     problems.raise_if_any()

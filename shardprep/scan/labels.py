@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.inventory import Inventory, InventoryBuilder
+from shardprep.inventory import InventorySink, InventoryView
 
 __all__ = ["LabelTable"]
 
@@ -52,7 +52,7 @@ class LabelTable:
             mapping[provisional] = position[text]
         return names, mapping
 
-    def freeze(self, builder: InventoryBuilder) -> Inventory:
+    def freeze(self, builder: InventorySink) -> InventoryView:
         """The scanned inventory with final class indices, or unlabelled if no label was seen."""
         if not len(self):
             return builder.freeze(None)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from shardprep.errors import InputError
-from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.remote_input import remote_sizes
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
@@ -81,7 +81,8 @@ def scan_listing(
     label_column: str | None = None,
     ordered_map: OrderedMap | None = None,
     storage_options: Mapping[str, Any] | None = None,
-) -> Inventory:
+    sink: SinkFactory = InventoryBuilder,
+) -> InventoryView:
     """Inventory of the files a listing names.
 
     ``label_column=None`` uses a ``label`` column when the listing has one.
@@ -108,7 +109,7 @@ def scan_listing(
     if header is None:
         raise InputError(f"{listing}: the listing has no rows", listing)
     path_col, label_col, scheme = header
-    builder = InventoryBuilder(scheme or root, with_meta=True)
+    builder = sink(scheme or root, True)
     urls: list[str] = []  # URL listings: sizes are asked for after the rows are read
     url_lines: list[int] = []
     jobs = (_ChunkJob(listing, root, path_col, label_col, rows, scheme) for rows in chunks)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardprep.errors import InputError
-from shardprep.inventory import UNLABELLED, Inventory, InventoryBuilder
+from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
 from shardprep.scan.walk import Problems, Tick
@@ -41,7 +41,12 @@ def _split_member(name: str) -> tuple[str, str]:
     return (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
 
 
-def scan_tar_shards(raw: str, tick: Tick, ordered_map: OrderedMap | None = None) -> Inventory:
+def scan_tar_shards(
+    raw: str,
+    tick: Tick,
+    ordered_map: OrderedMap | None = None,
+    sink: SinkFactory = InventoryBuilder,
+) -> InventoryView:
     """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress.
 
     One task per input tar, run by ``ordered_map`` (an engine's, see
@@ -51,7 +56,7 @@ def scan_tar_shards(raw: str, tick: Tick, ordered_map: OrderedMap | None = None)
     """
     tars = list_tar_shards(raw)
     root = os.path.dirname(tars[0]) if os.path.isfile(raw) else os.path.abspath(raw)
-    builder = InventoryBuilder(root)
+    builder = sink(root, False)
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
     jobs = [(root, tar_path) for tar_path in tars]
