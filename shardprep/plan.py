@@ -34,7 +34,7 @@ import numpy.typing as npt
 from shardprep.errors import PlanError
 from shardprep.rng import derive_rng
 
-__all__ = ["plan_shards"]
+__all__ = ["plan_shards", "remainder_targets", "separate_copies", "shuffle_apart"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -74,10 +74,10 @@ def plan_shards(
     filled = np.zeros(num_shards, dtype=np.int64)
     for members in np.split(order, class_bounds):
         _deal_class(members, size, shard_of, counts, filled)
-    _separate_copies(shard_of, label, size, group, num_shards)
+    separate_copies(shard_of, label, size, group, num_shards)
     by_shard = np.argsort(shard_of, kind="stable")
     bounds = np.cumsum(counts)[:-1]
-    return [_shuffle_apart(part, group, rng) for part in np.split(by_shard, bounds)]
+    return [shuffle_apart(part, group, rng) for part in np.split(by_shard, bounds)]
 
 
 def _deal_class(
@@ -95,15 +95,23 @@ def _deal_class(
         filled += np.bincount(targets, weights=sizes[full], minlength=num_shards).astype(np.int64)
     if remainder:
         rest = members[rounds * num_shards :]
-        # Fewest samples first (keeps totals within ±1), then fewest bytes.
-        targets = np.lexsort((filled, counts))[:remainder]
-        targets = targets[np.argsort(filled[targets], kind="stable")]
+        targets = remainder_targets(counts, filled, remainder)
         shard_of[rest] = targets
         counts[targets] += 1
         filled[targets] += sizes[rest]
 
 
-def _separate_copies(
+def remainder_targets(counts: IntArray, filled: IntArray, remainder: int) -> IntArray:
+    """The shards that take a class's last ``remainder`` samples (sorted largest first), in order.
+
+    Fewest samples first (keeps totals within ±1), then fewest bytes; the
+    lightest of them takes the largest sample.
+    """
+    targets = np.lexsort((filled, counts))[:remainder]
+    return targets[np.argsort(filled[targets], kind="stable")]
+
+
+def separate_copies(
     shard_of: IntArray, labels: IntArray, sizes: IntArray, groups: IntArray, num_shards: int
 ) -> None:
     """Move copies of a source (with at most ``num_shards`` copies) off shards holding another.
@@ -144,7 +152,7 @@ def _separate_copies(
             shard_of[x], shard_of[y] = shard_of[y], s
 
 
-def _shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -> IntArray:
+def shuffle_apart(part: IntArray, groups: IntArray, rng: np.random.Generator) -> IntArray:
     """A seeded shuffle of one shard's samples in which no two copies of a source are adjacent.
 
     After the shuffle, each sample that follows a copy of its own source is
