@@ -13,22 +13,23 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
 from shardprep.errors import BuildInterrupted, InputError, WriteError
-from shardprep.inventory import Inventory, SampleRef
+from shardprep.inventory import InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
-from shardprep.plan import plan_shards
+from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
+from shardprep.spill import InventoryStore
 from shardprep.storage import is_url
 from shardprep.weighting import Selection, select_samples
 from shardprep.write import ShardRecord
@@ -87,14 +88,17 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         destination.check()
         _check_engine_for(destination, config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
-        # → Inventory: one entry per sample, metadata only
-        inventory, layout = _scan(raw, config, engine)
+        # Whole-dataset metadata lives in column files in a private scratch folder.
+        work = engine_scope.enter_context(tempfile.TemporaryDirectory(prefix="shardprep-build-"))
+        # → Inventory: one entry per sample, metadata only (on disk)
+        inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
+        engine_scope.callback(inventory.close)
         # → Selection: which inventory samples are written, and how many copies
         selection = select_samples(inventory, config)
-        # → Plan: per shard, the selected samples' positions in write order
-        labels = inventory.label[selection.source]
-        sizes = inventory.sample_bytes()[selection.source]
-        plan = plan_shards(labels, sizes, config.shards, config.seed, groups=selection.source)
+        # → Plan: per shard, the selected samples in write order (one file per shard)
+        plan = plan_to_files(
+            inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
+        )
         fingerprint = _fingerprint(inventory, config, selection)
         destination.prepare()
         stage = _Stage.JOURNAL
@@ -102,8 +106,6 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
         # → ShardRecords in shard order, then the manifest (its presence means "complete")
         context = WriteContext(
-            inventory,
-            selection,
             plan,
             destination.staging,
             config.compression,
@@ -183,39 +185,54 @@ def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -
     )
 
 
-def _scan(raw: str, config: BuildConfig, engine: Engine) -> tuple[Inventory, InputFormat]:
-    """The inventory of ``raw`` and its layout (auto-detected unless --format gave one)."""
+def _scan(
+    raw: str, config: BuildConfig, engine: Engine, folder: str
+) -> tuple[InventoryStore, InputFormat]:
+    """The inventory of ``raw`` and its layout (auto-detected unless --format gave one).
+
+    The inventory is an :class:`~shardprep.spill.InventoryStore`: column files in ``folder``.
+    """
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
     if detected:
         layout = detect_format(raw)
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
-    with _Bar(desc=f"scan {layout.value}", unit=" samples", disable=not config.progress) as bar:
-        inventory = scan(
-            raw,
-            layout,
-            tick=bar.update,
-            path_column=config.path_column,
-            label_column=config.label_column,
-            workers=config.workers or default_workers(),
-            detected=detected,
-            ordered_map=engine.ordered_map,
-            storage_options=config.storage_options,
-        )
+    os.makedirs(folder)
+    stores: list[InventoryStore] = []
+
+    def sink(root: str, with_meta: bool) -> InventoryStore:
+        stores.append(InventoryStore(folder, root, with_meta))
+        return stores[-1]
+
+    try:
+        with _Bar(desc=f"scan {layout.value}", unit=" samples", disable=not config.progress) as bar:
+            inventory = scan(
+                raw,
+                layout,
+                tick=bar.update,
+                path_column=config.path_column,
+                label_column=config.label_column,
+                workers=config.workers or default_workers(),
+                detected=detected,
+                ordered_map=engine.ordered_map,
+                storage_options=config.storage_options,
+                sink=sink,
+            )
+    except BaseException:
+        for store in stores:  # a failed scan leaves its column files open for writing
+            store.close()
+        raise
+    assert isinstance(inventory, InventoryStore)
     return inventory, layout
 
 
-def _fingerprint(inventory: Inventory, config: BuildConfig, selection: Selection) -> str:
+def _fingerprint(inventory: InventoryView, config: BuildConfig, selection: Selection) -> str:
     """sha256 of everything that determines the output: names, sizes, labels, options, weights."""
     digest = hashlib.sha256()
     digest.update(json.dumps(config.output_options(), sort_keys=True).encode())
     digest.update(json.dumps(selection.section, sort_keys=True).encode())
     digest.update(json.dumps(inventory.class_names).encode())
-    for array in (inventory.stem_end, inventory.label, inventory.part_size, inventory.part_ext):
-        digest.update(np.ascontiguousarray(array).tobytes())
-    digest.update(inventory.stem_blob)
-    digest.update(json.dumps(inventory.exts).encode())
-    digest.update(inventory.meta_blob)
+    inventory.digest_into(digest)  # the columns, read a chunk at a time
     return digest.hexdigest()
 
 
@@ -237,7 +254,7 @@ def _write_all(
     plan = context.plan
     records = destination.finished_records(len(plan)) if config.resume else {}
     todo = [s for s in range(len(plan)) if s not in records]
-    total = sum(len(plan[s]) for s in todo)
+    total = sum(plan.shard_size(s) for s in todo)
 
     def admit(writing: int) -> None:  # before a shard starts: wait until OUT can take it
         while not destination.has_room(writing):
@@ -289,12 +306,12 @@ def _summary(
     layout: InputFormat,
     detected: bool,
     manifest: Manifest,
-    inventory: Inventory,
+    inventory: InventoryView,
     elapsed: float,
     reused: int,
 ) -> BuildSummary:
     data = manifest.to_json()["totals"]
-    source_bytes = int(inventory.part_size.sum())
+    source_bytes = inventory.source_bytes()
     return BuildSummary(
         out=out,
         layout=layout.value,
@@ -308,7 +325,7 @@ def _summary(
         max_shard_samples=data["max_shard_samples"],
         shard_bytes_ratio=data["shard_bytes_ratio"],
         elapsed_s=round(elapsed, 3),
-        files_per_s=round(len(inventory.part_size) / elapsed, 1),
+        files_per_s=round(inventory.num_parts / elapsed, 1),
         mb_per_s=round(source_bytes / elapsed / 1e6, 1),
         reused_shards=reused,
     )

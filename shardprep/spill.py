@@ -55,8 +55,9 @@ class InventoryStore:
     read-only from then on.
     """
 
-    def __init__(self, folder: str, root: str, with_meta: bool = False) -> None:
+    def __init__(self, folder: str, root: str, with_meta: bool = False, chunk: int = CHUNK) -> None:
         self.folder = folder
+        self.chunk = chunk
         self.root = root
         self.with_meta = with_meta
         self.class_names: tuple[str, ...] | None = None
@@ -88,7 +89,7 @@ class InventoryStore:
     ) -> None:
         """Record one sample (see ``InventoryBuilder.add``); flushed to disk every CHUNK samples."""
         self._buffer.add(stem, label, parts, container, meta)
-        if len(self._buffer) >= CHUNK:
+        if len(self._buffer) >= self.chunk:
             self._flush()
 
     def extend(self, other: InventoryBuilder) -> None:
@@ -102,8 +103,8 @@ class InventoryStore:
         self._sync()
         path = self._path("label")
         with open(path, "r+b") as f:
-            for lo in range(0, self._length, CHUNK):
-                hi = min(self._length, lo + CHUNK)
+            for lo in range(0, self._length, self.chunk):
+                hi = min(self._length, lo + self.chunk)
                 labels = np.fromfile(path, np.int32, hi - lo, offset=lo * 4)
                 labelled = labels >= 0
                 labels[labelled] = mapping[labels[labelled]]
@@ -226,10 +227,11 @@ class InventoryStore:
             meta_end=meta_end,
         )
 
-    def chunks(self, size: int = CHUNK) -> Iterator[tuple[int, Inventory]]:
+    def chunks(self, size: int | None = None) -> Iterator[tuple[int, Inventory]]:
         """``(first index, rows)`` for consecutive chunks of at most ``size`` samples."""
-        for lo in range(0, self._length, size):
-            yield lo, self.rows(lo, min(self._length, lo + size))
+        step = size or self.chunk
+        for lo in range(0, self._length, step):
+            yield lo, self.rows(lo, min(self._length, lo + step))
 
     def gather(self, indices: npt.NDArray[np.integer]) -> Inventory:
         """The samples at ``indices`` (any order, repeats allowed) as one in-memory Inventory.
@@ -260,30 +262,30 @@ class InventoryStore:
         if self.class_names is None:
             return []
         counts = np.zeros(len(self.class_names), dtype=np.int64)
-        for lo in range(0, self._length, CHUNK):
-            labels = self._read("label", lo, min(self._length, lo + CHUNK))
+        for lo in range(0, self._length, self.chunk):
+            labels = self._read("label", lo, min(self._length, lo + self.chunk))
             counts += np.bincount(labels, minlength=len(counts))
         return [int(c) for c in counts]
 
     def source_bytes(self) -> int:
         """Total size of every part (the input's data bytes)."""
         return sum(
-            int(self._read("part_size", lo, min(self._parts, lo + CHUNK)).sum())
-            for lo in range(0, self._parts, CHUNK)
+            int(self._read("part_size", lo, min(self._parts, lo + self.chunk)).sum())
+            for lo in range(0, self._parts, self.chunk)
         )
 
     def digest_into(self, digest: hashlib._Hash) -> None:
         """Feed the fingerprint's columns to ``digest`` in the order the in-memory one does."""
         for name in ("stem_end", "label", "part_size", "part_ext"):
             total = self._column_length(name)
-            for lo in range(0, total, CHUNK * 8):
-                digest.update(self._read(name, lo, min(total, lo + CHUNK * 8)).tobytes())
+            for lo in range(0, total, self.chunk * 8):
+                digest.update(self._read(name, lo, min(total, lo + self.chunk * 8)).tobytes())
         for name in ("stems", "meta"):
             if name == "meta":
                 digest.update(json.dumps(self.exts).encode())
             total = self._blob_size[name]
-            for lo in range(0, total, CHUNK * 64):
-                digest.update(self._read_blob(name, lo, min(total, lo + CHUNK * 64)))
+            for lo in range(0, total, self.chunk * 64):
+                digest.update(self._read_blob(name, lo, min(total, lo + self.chunk * 64)))
 
     def _column_length(self, name: str) -> int:
         if name in ("part_ext", "part_size", "part_offset"):

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from shardprep.config import BuildConfig
 from shardprep.errors import DuplicateKeyError, PlanError
-from shardprep.inventory import Inventory, SampleRef
+from shardprep.inventory import Inventory, InventoryView, SampleRef
 from shardprep.rng import derive_rng
 
 __all__ = ["Selection", "apportion", "class_targets", "parse_class_weights", "select_samples"]
@@ -43,27 +43,49 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Selection:
-    """The samples to write: ``source[i]`` is an inventory index, ``copy[i]`` its copy number."""
+    """The samples to write: ``source[i]`` is an inventory index, ``copy[i]`` its copy number.
 
-    source: IntArray
-    copy: IntArray
+    ``Selection.every(n)`` (no weighting) holds no per-sample array: written
+    sample ``i`` is inventory sample ``i``, once.
+    """
+
+    source: IntArray | None  # None: every inventory sample once, in order
+    copy: IntArray | None
     multiplicity: IntArray | None = None  # per written sample: copies of its source (None: all 1)
     weight: FloatArray | None = None  # per inventory sample, for --weights-only
     section: dict[str, Any] | None = None  # what the manifest records about the weighting
+    count: int = 0  # the number of samples when ``source`` is None
+
+    @classmethod
+    def every(cls, n: int) -> Selection:
+        """Every one of ``n`` inventory samples, once, in inventory order."""
+        return cls(None, None, count=n)
 
     def __len__(self) -> int:
-        return len(self.source)
+        return self.count if self.source is None else len(self.source)
+
+    def sources(self, positions: IntArray) -> IntArray:
+        """The inventory index of each written sample at ``positions``."""
+        if self.source is None:
+            return np.asarray(positions, dtype=np.int64)
+        return self.source[positions]
+
+    def copies(self, positions: IntArray) -> IntArray:
+        """The copy number of each written sample at ``positions``."""
+        if self.copy is None:
+            return np.zeros(len(positions), dtype=np.int64)
+        return self.copy[positions]
 
     def samples(self, inventory: Inventory, positions: IntArray) -> list[SampleRef]:
         """SampleRefs of written samples ``positions`` (a copy gets its own key: ``<key>-r<copy>``)."""
-        refs = inventory.samples(self.source[positions])
+        refs = inventory.samples(self.sources(positions))
         if self.section is None:
             return refs  # no weighting: nothing to adjust
-        copies = self.copy[positions].tolist()
+        copies = self.copies(positions).tolist()
         multiplicity = (
             self.multiplicity[positions].tolist() if self.multiplicity is not None else None
         )
-        weight = self.weight[self.source[positions]] if self.weight is not None else None
+        weight = self.weight[self.sources(positions)] if self.weight is not None else None
         for k, ref in enumerate(refs):
             changes: dict[str, Any] = {}
             if copies[k]:
@@ -85,13 +107,13 @@ class Selection:
         k = len(positions)
         return Selection(
             np.arange(k, dtype=np.int64),
-            self.copy[positions],
+            self.copies(positions),
             self.multiplicity[positions] if self.multiplicity is not None else None,
-            self.weight[self.source[positions]] if self.weight is not None else None,
+            self.weight[self.sources(positions)] if self.weight is not None else None,
             self.section,
         )
 
-    def manifest_section(self, inventory: Inventory) -> dict[str, Any]:
+    def manifest_section(self, inventory: InventoryView) -> dict[str, Any]:
         """Extra manifest fields (empty when nothing was reweighted)."""
         return {"class_weighting": self.section} if self.section else {}
 
@@ -206,18 +228,22 @@ def class_targets(
     return apportion(total if total is not None else needed, weights)
 
 
-def select_samples(inventory: Inventory, config: BuildConfig) -> Selection:
+def select_samples(inventory: InventoryView, config: BuildConfig) -> Selection:
     """Every sample once, or the class-weighted selection that ``config`` asks for.
+
+    Without weighting this holds nothing per sample. With it, the selection
+    and the label column are in memory (about 30 bytes per sample).
 
     Raises:
         PlanError: a bad ``--class-weights`` spec, or weighting unlabelled data.
     """
     n = len(inventory)
     if config.class_weights is None:
-        return Selection(np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
+        return Selection.every(n)
     if inventory.class_names is None:
         raise PlanError("--class-weights needs labelled data, but this input has no labels")
     counts = inventory.class_counts()
+    labels = inventory.column("label")
     weights = parse_class_weights(
         config.class_weights, inventory.class_names, counts, config.allow_zero_weights
     )
@@ -237,14 +263,14 @@ def select_samples(inventory: Inventory, config: BuildConfig) -> Selection:
         return Selection(
             np.arange(n, dtype=np.int64),
             np.zeros(n, dtype=np.int64),
-            weight=per_class[inventory.label],
+            weight=per_class[labels],
             section=section,
         )
     targets = class_targets(counts, weights, config.num_samples, config.keep_all)
     rng = derive_rng(config.seed, "weights")
     sources, copies, multiplicities = [], [], []
     for c, target in enumerate(targets.tolist()):
-        members = np.flatnonzero(inventory.label == c)
+        members = np.flatnonzero(labels == c)
         multiplicity = _multiplicities(len(members), target, rng)
         sources.append(np.repeat(members, multiplicity))
         copies.append(_copy_numbers(multiplicity))
@@ -267,30 +293,43 @@ def select_samples(inventory: Inventory, config: BuildConfig) -> Selection:
 _COPY_SUFFIX = re.compile(rb"-r[1-9][0-9]*")
 
 
-def _check_copy_keys(inventory: Inventory, source: IntArray, copy: IntArray) -> None:
+def _check_copy_keys(inventory: InventoryView, source: IntArray, copy: IntArray) -> None:
     """Raise DuplicateKeyError if a copy's key ``<key>-r<k>`` is the key of an input sample.
 
-    Only keys that end like a copy's (``-r<k>``, found in the name blob) are looked at.
+    Only keys that end like a copy's (``-r<k>``, found in the name blob) are
+    looked at, a chunk of the inventory at a time.
     """
-    ends = inventory.stem_end.astype(np.int64)
-    starts = np.concatenate([[0], ends[:-1]])
-    suffixed = {}
-    for match in _COPY_SUFFIX.finditer(inventory.stem_blob):
-        i = int(np.searchsorted(ends, match.end()))
-        if i < len(ends) and ends[i] == match.end() and starts[i] <= match.start():
-            suffixed[i] = match
+    suffixed: dict[str, int] = {}  # a suffixed key -> its sample
+    for lo, rows in inventory.chunks(1 << 16):
+        ends = rows.stem_end.astype(np.int64)
+        starts = np.concatenate([[0], ends[:-1]])
+        for match in _COPY_SUFFIX.finditer(rows.stem_blob):
+            i = int(np.searchsorted(ends, match.end()))
+            if i < len(ends) and ends[i] == match.end() and starts[i] <= match.start():
+                suffixed[rows.key(i)] = lo + i
     if not suffixed:
         return
+    bases: dict[str, list[str]] = {}  # a base key -> the suffixed keys built on it
+    for key in suffixed:
+        bases.setdefault(key.rpartition("-r")[0], []).append(key)
+    originals: dict[str, int] = {}  # a base key -> the sample that has it
+    for lo, rows in inventory.chunks(1 << 16):
+        for i in range(len(rows)):
+            key = rows.key(i)
+            if key in bases:
+                originals[key] = lo + i
     copied = {(int(s), int(c)) for s, c in zip(source, copy, strict=True) if c}
-    by_key = {inventory.key(i): i for i in range(len(inventory))}
-    for i in suffixed:
-        base, _, k = inventory.key(i).rpartition("-r")
-        original = by_key.get(base)
-        if original is not None and (original, int(k)) in copied:
-            raise DuplicateKeyError(
-                inventory.key(i),
-                [inventory.sample(i).source, f"copy {k} of {inventory.sample(original).source}"],
-            )
+    for base, original in originals.items():
+        for key in bases[base]:
+            k = key.rpartition("-r")[2]
+            if (original, int(k)) in copied:
+                raise DuplicateKeyError(
+                    key,
+                    [
+                        inventory.sample(suffixed[key]).source,
+                        f"copy {k} of {inventory.sample(original).source}",
+                    ],
+                )
 
 
 def _multiplicities(n: int, target: int, rng: np.random.Generator) -> IntArray:

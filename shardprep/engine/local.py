@@ -141,7 +141,7 @@ def _write_parallel(
     inputs listed by URL are spawned, not forked: a fork can inherit a lock a
     network thread holds.
     """
-    mp = mp_context(network=is_url(context.inventory.root))
+    mp = mp_context(network=is_url(context.root))
     channel = _Channel(mp.Value("q", 0), mp.Event())
     reported = 0
     waiting = deque(todo)

@@ -1,8 +1,8 @@
 """The unit of work of the write stage: one shard, self-contained and picklable.
 
-:class:`WriteContext` holds what the driver knows (inventory, selection,
-plan); :meth:`WriteContext.task` cuts out one shard's :class:`ShardTask`:
-its samples' metadata in write order, as numpy columns (an
+:class:`WriteContext` holds the plan (:class:`~shardprep.plan_store.PlannedShards`,
+one file per shard on disk); :meth:`WriteContext.task` reads one shard's
+:class:`ShardTask`: its samples' metadata in write order, as numpy columns (an
 :class:`~shardprep.inventory.Inventory` and a
 :class:`~shardprep.weighting.Selection` of that shard only: cheap to cut
 and to pickle, no Python object per sample), and the output options. The
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardprep.inventory import Inventory, SampleRef
+from shardprep.plan_store import PlannedShards
 from shardprep.weighting import Selection
 from shardprep.write import ShardRecord, write_shard
 
@@ -59,34 +60,39 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class WriteContext:
-    """Everything the driver knows to write any shard of the plan."""
+    """Everything the driver knows to write any shard of the plan (the plan lives on disk)."""
 
-    inventory: Inventory
-    selection: Selection
-    plan: list[np.ndarray]
+    plan: PlannedShards
     out: str  # the folder shard files are written into (a remote build's staging area)
     compression: str
     zstd_level: int
     storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
 
+    @property
+    def root(self) -> str:
+        """The input's root folder (or ``protocol://`` for inputs listed by URL)."""
+        return self.plan.root
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
     def samples(self, shard: int) -> list[SampleRef]:
         """Shard ``shard``'s samples in write order."""
-        return self.selection.samples(self.inventory, self.plan[shard])
+        return self.task(shard).samples()
 
     def shard_size(self, shard: int) -> int:
         """Number of samples in shard ``shard``."""
-        return len(self.plan[shard])
+        return self.plan.shard_size(shard)
 
     def task(self, shard: int) -> ShardTask:
-        """The self-contained task that writes shard ``shard``."""
-        positions = self.plan[shard]
-        num_classes = len(self.inventory.class_names or ())
+        """The self-contained task that writes shard ``shard`` (read from the plan's files)."""
+        _, inventory, selection = self.plan.load(shard)
         return ShardTask(
             shard,
-            self.inventory.subset(self.selection.source[positions]),
-            self.selection.subset(positions),
+            inventory,
+            selection,
             self.out,
-            num_classes,
+            len(self.plan.class_names or ()),
             self.compression,
             self.zstd_level,
             self.storage_options,

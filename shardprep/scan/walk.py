@@ -100,14 +100,15 @@ def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[File
         yield from walk_files(top, problems, f"{rel_dir}/{name}" if rel_dir else name)
 
 
-def sorted_names(folder: str, run: int = RUN_NAMES) -> Iterator[str]:
-    """The non-hidden names in ``folder``, sorted, holding at most ``run`` of them in memory.
+def sorted_names(folder: str, run: int | None = None) -> Iterator[str]:
+    """The non-hidden names in ``folder``, sorted, holding at most ``run`` (default ``RUN_NAMES``) of them in memory.
 
     A folder of millions of files is read in runs of ``run`` names, each
     sorted and spilled to an anonymous temporary file, then merged; smaller
     folders are sorted in memory. The listing happens before this returns
     (an unlistable folder raises ``OSError`` here), the merge as it is iterated.
     """
+    run = run or RUN_NAMES
     runs: list[BinaryIO] = []
     batch: list[str] = []
     with os.scandir(folder) as entries:

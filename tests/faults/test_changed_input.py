@@ -19,14 +19,14 @@ BUILD = importlib.import_module("shardprep.build")  # the module; shardprep.buil
 def _grow_after_the_scan(monkeypatch: pytest.MonkeyPatch, path: Path) -> bytes:
     """Append to ``path`` once the scan is done (when the plan is made); returns the original."""
     original = path.read_bytes()
-    plan = BUILD.plan_shards
+    plan = BUILD.plan_to_files
 
     def plan_then_grow(*args: Any, **kwargs: Any) -> Any:
         with open(path, "ab") as f:
             f.write(b"grown")
         return plan(*args, **kwargs)
 
-    monkeypatch.setattr(BUILD, "plan_shards", plan_then_grow)
+    monkeypatch.setattr(BUILD, "plan_to_files", plan_then_grow)
     return original
 
 

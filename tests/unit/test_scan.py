@@ -14,7 +14,7 @@ import pytest
 import shardprep
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
-from shardprep.scan import InputFormat, detect_format, scan
+from shardprep.scan import InputFormat, detect_format, scan, walk
 from tests.conftest import payload
 
 
@@ -594,3 +594,24 @@ def test_scan_order_is_sorted_and_repeatable(tmp_path: Path) -> None:
     assert keys == sorted(keys)
     assert keys == [second.key(i) for i in range(len(second))]
     assert first.stem_blob == second.stem_blob
+
+
+def test_a_big_folder_is_sorted_in_spilled_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names merged from runs of 3 come out as sorted() would (odd bytes, dots, digits)."""
+    names = ["b.bin", "a.bin", "a-b.bin", "Z.bin", "é.bin", "a.b.bin", "10.bin", "9.bin"]
+    names += [f"n{i:03d}.bin" for i in range(20, 0, -1)] + [".hidden.bin"]
+    for name in names:
+        (tmp_path / "raw" / "c").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "raw" / "c" / name).write_bytes(b"x")
+    odd = os.fsdecode(b"\xff-raw.bin")  # not UTF-8: kept through the spill as surrogates
+    (tmp_path / "raw" / "c" / odd).write_bytes(b"x")
+    visible = sorted([n for n in names if not n.startswith(".")] + [odd])
+    assert list(walk.sorted_names(str(tmp_path / "raw" / "c"), run=3)) == visible
+    expected = scan(str(tmp_path / "raw"))
+    monkeypatch.setattr(walk, "RUN_NAMES", 3)
+    spilled = scan(str(tmp_path / "raw"))
+    every = np.arange(len(visible))
+    assert spilled.samples(every) == expected.samples(every)
+    assert [s.source for s in spilled.samples(every)] == [f"c/{n}" for n in visible]

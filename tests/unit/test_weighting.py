@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from loader.reweight import Reweighting
 from shardprep.config import BuildConfig
 from shardprep.errors import PlanError
-from shardprep.plan import _shuffle_apart, plan_shards
+from shardprep.plan import plan_shards, shuffle_apart
 from shardprep.scan import InputFormat, scan
 from shardprep.weighting import apportion, class_targets, parse_class_weights, select_samples
 
@@ -180,8 +180,10 @@ def _config(**options: Any) -> BuildConfig:
 
 def test_without_class_weights_every_sample_is_selected_once(inventory: Any) -> None:
     selection = select_samples(inventory, _config())
-    assert selection.source.tolist() == list(range(19))
-    assert selection.copy.tolist() == [0] * 19
+    assert selection.source is None  # nothing per sample: written sample i is inventory sample i
+    assert len(selection) == 19
+    assert selection.sources(np.arange(19)).tolist() == list(range(19))
+    assert selection.copies(np.arange(19)).tolist() == [0] * 19
     assert selection.manifest_section(inventory) == {}
 
 
@@ -363,7 +365,7 @@ class _Identity:
 )
 def test_shuffle_apart_separates_every_separable_shard(groups: list[int]) -> None:
     source = np.array(groups)
-    order = _shuffle_apart(np.arange(len(groups)), source, _Identity())  # type: ignore[arg-type]
+    order = shuffle_apart(np.arange(len(groups)), source, _Identity())  # type: ignore[arg-type]
     assert sorted(order.tolist()) == list(range(len(groups)))
     placed = source[order]
     assert not (placed[1:] == placed[:-1]).any(), placed.tolist()
@@ -412,7 +414,7 @@ def test_reweighting_draws_exact_counts_in_stream_order_and_new_ones_each_epoch(
 
 def test_shuffle_apart_spreads_a_source_that_cannot_be_separated() -> None:
     source = np.array([0, 0, 0, 0, 1, 2])  # 4 of 6: at least one pair must touch
-    placed = source[_shuffle_apart(np.arange(6), source, _Identity())]  # type: ignore[arg-type]
+    placed = source[shuffle_apart(np.arange(6), source, _Identity())]  # type: ignore[arg-type]
     assert placed.tolist() == [0, 1, 0, 2, 0, 0]  # one touching pair: the fewest possible
 
 
