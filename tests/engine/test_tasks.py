@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import shardprep
 from shardprep.config import BuildConfig
-from shardprep.inventory import Inventory
 from shardprep.errors import DuplicateKeyError, InputError
+from shardprep.inventory import Inventory
 from shardprep.scan import check_unique_keys, scan
 from shardprep.scan.class_folders import scan_class_folders
 from shardprep.spill import InventoryStore
