@@ -18,7 +18,9 @@ from tests.strategies import PlanCase, plan_cases, plan_cases_with_copies
 
 # Every step spills: runs of 13 keys, a merge of 20, groups of 9 samples, buckets of 11.
 TINY = PlanLimits(chunk=7, run=13, merge=20, bucket=11, group=9)
-LIMITS = st.sampled_from([TINY, PlanLimits(chunk=3, run=5, merge=4, bucket=2, group=1), PlanLimits()])
+LIMITS = st.sampled_from(
+    [TINY, PlanLimits(chunk=3, run=5, merge=4, bucket=2, group=1), PlanLimits()]
+)
 
 
 class _Given(PlanInput):
