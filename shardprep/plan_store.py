@@ -58,10 +58,11 @@ class PlanLimits:
     """How many samples each step holds in memory (tests make them tiny)."""
 
     chunk: int = 1 << 16  # positions read per step of a pass
-    run: int = 1 << 18  # keys sorted in memory per run (32 bytes each)
-    merge: int = 1 << 18  # keys held by the merge, over all runs
-    bucket: int = 1 << 18  # positions per spill file of the shard column
-    group: int = 1 << 18  # samples loaded at once to cut per-shard files
+    run: int = 1 << 17  # keys sorted in memory per run (32 bytes each)
+    merge: int = 1 << 17  # keys held by the merge, over all runs
+    bucket: int = 1 << 17  # positions per spill file of the shard column
+    group: int = 1 << 17  # samples loaded at once to cut per-shard files (~100 B each, twice)
+    fan_in: int = 64  # runs merged at once; more are first merged into longer runs
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def plan_input_to_files(
     os.makedirs(folder, exist_ok=True)
     rng = derive_rng(seed, "plan")
     runs, class_sizes = _write_runs(data, rng, folder, limits)
+    runs = _merge_down(runs, folder, limits)
     counts = _deal(runs, class_sizes, num_shards, folder, limits, n)
     for path in runs:
         os.remove(path)
@@ -200,6 +202,29 @@ def _merged(runs: list[str], limits: PlanLimits) -> Iterator[npt.NDArray[np.void
             taken, held = held, [np.empty(0, _KEY) for _ in runs]
         out = np.concatenate(taken)
         yield out[np.lexsort((out["position"], out["tie"], out["neg_size"], out["label"]))]
+
+
+def _merge_down(runs: list[str], folder: str, limits: PlanLimits) -> list[str]:
+    """Merge runs ``fan_in`` at a time into longer runs until at most ``fan_in`` are left.
+
+    Each merge keeps its blocks large (``merge / fan_in`` keys per run), so a
+    billion keys take a few passes over the disk, not a merge of thousands of
+    tiny blocks.
+    """
+    level = 0
+    while len(runs) > limits.fan_in:
+        merged: list[str] = []
+        for start in range(0, len(runs), limits.fan_in):
+            batch = runs[start : start + limits.fan_in]
+            path = os.path.join(folder, f"run-{level + 1}-{len(merged)}")
+            with open(path, "wb") as out:
+                for block in _merged(batch, limits):
+                    block.tofile(out)
+            for done in batch:
+                os.remove(done)
+            merged.append(path)
+        runs, level = merged, level + 1
+    return runs
 
 
 def _count_not_above(keys: npt.NDArray[np.void], bound: tuple[int, int, float, int]) -> int:

@@ -163,7 +163,7 @@ def _one_keyed_sample(first: str, second: str) -> bool:
     return dir_a == dir_b and split_name(name_a)[0] == split_name(name_b)[0]
 
 
-KEYS_PER_BUCKET = 1 << 18  # hashes sorted at once by the duplicate-key check (4 MiB)
+KEYS_PER_BUCKET = 1 << 16  # hashes sorted at once by the duplicate-key check (1 MiB)
 
 
 def check_unique_keys(inventory: InventoryView, per_bucket: int = KEYS_PER_BUCKET) -> None:

@@ -16,10 +16,11 @@ from shardprep.plan_store import PlanInput, PlanLimits, plan_input_to_files
 from shardprep.weighting import Selection
 from tests.strategies import PlanCase, plan_cases, plan_cases_with_copies
 
-# Every step spills: runs of 13 keys, a merge of 20, groups of 9 samples, buckets of 11.
-TINY = PlanLimits(chunk=7, run=13, merge=20, bucket=11, group=9)
+# Every step spills: runs of 13 keys merged 3 at a time (two levels from 27 runs), a merge of
+# 20 keys, groups of 9 samples, buckets of 11.
+TINY = PlanLimits(chunk=7, run=13, merge=20, bucket=11, group=9, fan_in=3)
 LIMITS = st.sampled_from(
-    [TINY, PlanLimits(chunk=3, run=5, merge=4, bucket=2, group=1), PlanLimits()]
+    [TINY, PlanLimits(chunk=3, run=5, merge=4, bucket=2, group=1, fan_in=2), PlanLimits()]
 )
 
 
