@@ -25,11 +25,11 @@ from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
 from shardprep.errors import BuildInterrupted, InputError, WriteError
-from shardprep.inventory import InventoryView, SampleRef
+from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
-from shardprep.spill import InventoryStore
+from shardprep.spill import InventoryStore, StoreFolder
 from shardprep.storage import is_url
 from shardprep.weighting import Selection, select_samples
 from shardprep.write import ShardRecord
@@ -199,9 +199,10 @@ def _scan(
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
     stores: list[InventoryStore] = []
+    make_store = StoreFolder(folder)
 
     def sink(root: str, with_meta: bool) -> InventoryStore:
-        stores.append(InventoryStore(folder, root, with_meta))
+        stores.append(make_store(root, with_meta))
         return stores[-1]
 
     try:
@@ -214,9 +215,12 @@ def _scan(
                 label_column=config.label_column,
                 workers=config.workers or default_workers(),
                 detected=detected,
-                ordered_map=engine.ordered_map,
+                # In-process, a class folder streams into the store instead of becoming one task result.
+                ordered_map=engine.ordered_map if engine.parallel else None,
                 storage_options=config.storage_options,
                 sink=sink,
+                # Tasks on this machine write their class folder to disk too; Ray's return it.
+                part_sink=make_store if engine.shares_disk else InventoryBuilder,
             )
     except BaseException:
         for store in stores:  # a failed scan leaves its column files open for writing

@@ -61,7 +61,7 @@ class PlanLimits:
     run: int = 1 << 17  # keys sorted in memory per run (32 bytes each)
     merge: int = 1 << 17  # keys held by the merge, over all runs
     bucket: int = 1 << 17  # positions per spill file of the shard column
-    group: int = 1 << 17  # samples loaded at once to cut per-shard files (~100 B each, twice)
+    group: int = 1 << 16  # samples loaded at once to cut per-shard files (~100 B each, twice)
     fan_in: int = 64  # runs merged at once; more are first merged into longer runs
 
 

@@ -22,7 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -30,7 +33,7 @@ import numpy.typing as npt
 
 from shardprep.inventory import Inventory, InventoryBuilder, SampleRef
 
-__all__ = ["CHUNK", "InventoryStore"]
+__all__ = ["CHUNK", "InventoryStore", "StoreFolder"]
 
 CHUNK = 1 << 16  # samples per chunk read back: ~10 MB of columns and names at most
 
@@ -92,10 +95,23 @@ class InventoryStore:
         if len(self._buffer) >= self.chunk:
             self._flush()
 
-    def extend(self, other: InventoryBuilder) -> None:
-        """Append every sample of ``other`` (one scan task's partition), after those added so far."""
+    def extend(self, other: InventoryBuilder | InventoryStore) -> None:
+        """Append every sample of ``other`` (one scan task's partition), after those added so far.
+
+        A partition that is itself a store (written by a task on this machine)
+        is copied a chunk at a time, then its folder is removed.
+        """
         self._flush()
-        self._append(other.freeze(None))
+        if isinstance(other, InventoryBuilder):
+            self._append(other.freeze(None))
+            return
+        for _, rows in other.chunks():
+            self._append(rows)
+        shutil.rmtree(other.folder)
+
+    def finish_part(self) -> InventoryStore:
+        """Close a scan task's partition for the trip to the process that merges it."""
+        return self.freeze(None)
 
     def relabel(self, mapping: npt.NDArray[np.int32]) -> None:
         """Replace every label ``l >= 0`` by ``mapping[l]``, a chunk at a time."""
@@ -314,3 +330,18 @@ class InventoryStore:
         if len(data) != hi - lo:
             raise OSError(f"{self._path(name)}: short read ({len(data)} of {hi - lo} bytes)")
         return data
+
+
+@dataclass(frozen=True)
+class StoreFolder:
+    """Makes :class:`InventoryStore` sinks in fresh sub-folders of ``folder``.
+
+    Picklable, so scan tasks in worker processes of this machine can write
+    their partitions to disk too (the merge then copies them a chunk at a time).
+    """
+
+    folder: str
+    chunk: int = CHUNK
+
+    def __call__(self, root: str, with_meta: bool) -> InventoryStore:
+        return InventoryStore(tempfile.mkdtemp(dir=self.folder), root, with_meta, self.chunk)

@@ -53,6 +53,16 @@ class Engine(Protocol):
 
     name: str
 
+    @property
+    def parallel(self) -> bool:
+        """False when every task runs in this process (then a stage may stream instead)."""
+        ...
+
+    @property
+    def shares_disk(self) -> bool:
+        """True when tasks can write files this process reads (the same machine)."""
+        ...
+
     def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """``fn(item)`` for each item, possibly in parallel; results in item order.
 

@@ -40,6 +40,13 @@ class LocalEngine:
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
 
+    @property
+    def parallel(self) -> bool:
+        """With one worker every task runs in this process."""
+        return self.workers > 1
+
+    shares_disk = True  # worker processes of this machine
+
     @classmethod
     @contextmanager
     def open(cls, options: EngineOptions) -> Iterator[LocalEngine]:

@@ -106,6 +106,8 @@ class RayEngine:
     """Runs tasks on the Ray cluster this process is connected to."""
 
     name = "ray"
+    parallel = True  # tasks run in Ray's worker processes
+    shares_disk = False  # a cluster's nodes may not see this machine's scratch folder
 
     def __init__(self, ray: Any) -> None:
         self._ray = ray

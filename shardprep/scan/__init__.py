@@ -100,12 +100,14 @@ def scan(
     ordered_map: OrderedMap | None = None,
     storage_options: Mapping[str, Any] | None = None,
     sink: SinkFactory = InventoryBuilder,
+    part_sink: SinkFactory = InventoryBuilder,
 ) -> InventoryView:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
     ``sink`` makes what the samples are collected in: in memory by default,
     or a :class:`~shardprep.spill.InventoryStore` on disk (the build's), which
-    is then returned.
+    is then returned; ``part_sink`` what each parallel class-folder task
+    collects its folder in before the merge.
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
     ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
@@ -132,7 +134,9 @@ def scan(
             raw, count, path_column, label_column, ordered_map, storage_options, sink
         )
     elif fmt is InputFormat.CLASS_FOLDERS:
-        inventory = scan_class_folders(os.path.abspath(raw), count, workers, ordered_map, sink)
+        inventory = scan_class_folders(
+            os.path.abspath(raw), count, workers, ordered_map, sink, part_sink
+        )
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(
             os.path.abspath(raw), count, same_type_parts=not detected, sink=sink

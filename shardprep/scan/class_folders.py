@@ -50,6 +50,7 @@ def scan_class_folders(
     workers: int = 1,
     ordered_map: OrderedMap | None = None,
     sink: SinkFactory = InventoryBuilder,
+    part_sink: SinkFactory = InventoryBuilder,
 ) -> InventoryView:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
 
@@ -58,14 +59,16 @@ def scan_class_folders(
     :mod:`shardprep.engine`) runs them wherever it runs tasks instead. Either
     way the parts are merged in class order, so the result is the same as a
     serial scan. ``sink`` makes what the samples go into (an on-disk store
-    keeps the build's memory flat; a serial scan adds each file straight into it).
+    keeps the build's memory flat; a serial scan adds each file straight into it),
+    ``part_sink`` what a parallel task collects its class folder in (on disk
+    too when the tasks run on this machine: ``StoreFolder``).
     """
     classes = class_folder_names(root)
     builder = sink(root, False)
     problems = Problems()
-    jobs = [(root, label, name) for label, name in enumerate(classes)]
+    jobs = [(root, label, name, part_sink) for label, name in enumerate(classes)]
     if ordered_map is not None:
-        results: Iterator[tuple[InventoryBuilder, Problems]] = iter(ordered_map(_scan_class, jobs))
+        results: Iterator[tuple[InventorySink, Problems]] = iter(ordered_map(_scan_class, jobs))
         for part, part_problems in results:  # merged one at a time, in class order
             _merge(builder, problems, part, part_problems, tick)
     elif workers > 1 and len(classes) > 1:
@@ -79,7 +82,7 @@ def scan_class_folders(
     else:
         for job in jobs:
             before = len(builder)
-            _scan_class_into(job, builder, problems)
+            _scan_class_into(job[:3], builder, problems)
             tick(len(builder) - before)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
@@ -88,7 +91,7 @@ def scan_class_folders(
 def _merge(
     builder: InventorySink,
     problems: Problems,
-    part: InventoryBuilder,
+    part: InventorySink,
     part_problems: Problems,
     tick: Tick,
 ) -> None:
@@ -97,12 +100,13 @@ def _merge(
     tick(len(part))
 
 
-def _scan_class(job: tuple[str, int, str]) -> tuple[InventoryBuilder, Problems]:
-    """Scan one class folder into its own builder (runs in a worker process when parallel)."""
-    builder = InventoryBuilder(job[0])
+def _scan_class(job: tuple[str, int, str, SinkFactory]) -> tuple[InventorySink, Problems]:
+    """Scan one class folder into its own part (runs in a worker process when parallel)."""
+    root, label, name, part_sink = job
+    builder = part_sink(root, False)
     problems = Problems()
-    _scan_class_into(job, builder, problems)
-    return builder, problems
+    _scan_class_into((root, label, name), builder, problems)
+    return builder.finish_part(), problems
 
 
 def _scan_class_into(job: tuple[str, int, str], builder: InventorySink, problems: Problems) -> None:

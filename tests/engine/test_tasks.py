@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,12 @@ from hypothesis import strategies as st
 
 import shardprep
 from shardprep.config import BuildConfig
+from shardprep.engine.local import LocalEngine
 from shardprep.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
 from shardprep.scan import check_unique_keys, scan
-from shardprep.scan.class_folders import scan_class_folders
-from shardprep.spill import InventoryStore
+from shardprep.scan.class_folders import _scan_class, scan_class_folders
+from shardprep.spill import InventoryStore, StoreFolder
 from shardprep.weighting import select_samples
 from tests.conftest import payload, write_class_folders
 
@@ -130,3 +132,21 @@ def test_duplicate_keys_are_found_across_spilled_buckets(tmp_path: Path) -> None
     with pytest.raises(DuplicateKeyError) as info:
         check_unique_keys(clashing, per_bucket=3)
     assert info.value.key == "c__17"
+
+
+def test_class_folders_scanned_by_worker_processes_into_disk_parts(
+    inventories: dict[str, Inventory], tmp_path: Path
+) -> None:
+    """Each task writes its class folder to its own store; the merge copies it and removes it."""
+    expected = inventories["folders"]
+    make = StoreFolder(str(tmp_path), chunk=2)
+    engine = LocalEngine(2)
+    store = scan(expected.root, sink=make, part_sink=make, ordered_map=engine.ordered_map)
+    assert isinstance(store, InventoryStore)
+    every = np.arange(len(expected))
+    assert store.rows(0, len(store)).samples(every) == expected.samples(every)
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(store.folder)]
+    # one task's part is a closed store on disk, not an in-memory builder
+    part, problems = _scan_class((expected.root, 0, "ant", make))
+    assert isinstance(part, InventoryStore) and not problems.items
+    assert part.rows(0, len(part)).samples(np.arange(9)) == expected.samples(np.arange(9))
