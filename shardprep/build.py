@@ -24,7 +24,7 @@ from tqdm import tqdm
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
-from shardprep.errors import BuildInterrupted, InputError, WriteError
+from shardprep.errors import BuildInterrupted, InputError, StalledError, WriteError
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
@@ -154,6 +154,7 @@ def _engine_options(config: BuildConfig) -> EngineOptions:
         workers=config.workers or default_workers(),
         workers_given=config.workers is not None,
         ray_address=config.ray_address,
+        stall_timeout=config.stall_timeout,
     )
 
 
@@ -272,6 +273,8 @@ def _write_all(
             for shard, record in written:
                 records[shard] = record
                 destination.shard_written(record)
+    except StalledError:
+        raise  # its sources may hang too: not stat-ed again here
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
         if changed is None:

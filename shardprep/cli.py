@@ -79,6 +79,14 @@ def cli() -> None:
     help="Ray cluster to join with --engine ray [default: $RAY_ADDRESS, else a local instance].",
 )
 @click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1800.0,
+    show_default=True,
+    help="Seconds without any written sample (worker processes or Ray tasks) before the build "
+    "stops with an error instead of waiting on a hung read.",
+)
+@click.option(
     "--compress",
     "compression",
     type=click.Choice(["none", "zstd"]),

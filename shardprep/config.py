@@ -29,7 +29,8 @@ def default_workers() -> int:
 class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
-    ``workers``, ``engine``, ``ray_address``, ``overwrite``, ``resume``, ``progress`` and
+    ``workers``, ``engine``, ``ray_address``, ``stall_timeout``, ``overwrite``, ``resume``,
+    ``progress`` and
     ``storage_options`` (fsspec's, for an OUT or listed inputs given as URLs) change how the
     build runs, never what it writes.
     """
@@ -49,6 +50,7 @@ class BuildConfig:
     workers: int | None = None
     engine: str = "local"
     ray_address: str | None = None
+    stall_timeout: float = 1800.0  # seconds without any written sample before the build stops
     overwrite: bool = False
     resume: bool = False
     progress: bool = True
@@ -69,6 +71,8 @@ class BuildConfig:
             raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
         if self.ray_address is not None and self.engine != "ray":
             raise PlanError("--ray-address needs --engine ray")
+        if not self.stall_timeout > 0:
+            raise PlanError(f"--stall-timeout must be positive (got {self.stall_timeout})")
         if self.num_samples is not None and self.num_samples < 1:
             raise PlanError(f"--num-samples must be at least 1 (got {self.num_samples})")
         if self.overwrite and self.resume:
@@ -87,6 +91,7 @@ class BuildConfig:
             "workers",
             "engine",
             "ray_address",
+            "stall_timeout",
             "overwrite",
             "resume",
             "progress",

@@ -87,6 +87,25 @@ class WriteError(ShardprepError):
         return (WriteError, (str(self), self.shard_index))
 
 
+class StalledError(WriteError):
+    """No shard made progress for ``--stall-timeout`` seconds; the writers were stopped."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (StalledError, (str(self), self.shard_index))
+
+
+def stalled(shards: list[int], seconds: float) -> StalledError:
+    """The error for writes of ``shards`` that made no progress for ``seconds``."""
+    more = f" (and {len(shards) - 1} more shard(s) being written)" if len(shards) > 1 else ""
+    return StalledError(
+        f"shard {shards[0]}{more}: no progress for {seconds:g} s (--stall-timeout), so its "
+        "writers were stopped: a source or OUT may hang (a network filesystem or an object "
+        "store that stopped answering). The finished shards are kept: fix the cause and run "
+        "the same command with --resume (or raise --stall-timeout for very slow storage)",
+        shards[0],
+    )
+
+
 class OutputError(ShardprepError):
     """The output folder, the build journal or the manifest cannot be written (disk full, read-only)."""
 

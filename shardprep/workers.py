@@ -96,13 +96,16 @@ def worker_pool(
     initargs: tuple[Any, ...] = (),
     stop: Callable[[], None] | None = None,
     context: BaseContext | None = None,
+    kill_on: tuple[type[BaseException], ...] = (),
 ) -> Iterator[WorkerPool]:
     """A pool of ``workers`` forked processes (spawned where fork is missing, or as ``context``
     starts them).
 
     On an exception inside the block (a task's error, KeyboardInterrupt),
     ``stop()`` is called, queued tasks are cancelled and the block exits only
-    when every worker has finished; the exception then propagates.
+    when every worker has finished; the exception then propagates. An
+    exception of a type in ``kill_on`` (a stall: a worker may be stuck in a
+    read that never returns) kills the workers first instead of waiting for them.
     """
     main = threading.current_thread() is threading.main_thread()
     ctrl_c = None
@@ -125,9 +128,11 @@ def worker_pool(
         )
         try:
             yield WorkerPool(executor, ctrl_c)
-        except BaseException:
+        except BaseException as err:
             if stop is not None:
                 stop()
+            if isinstance(err, kill_on):
+                _kill_workers(executor)
             executor.shutdown(wait=True, cancel_futures=True)
             raise
         executor.shutdown(wait=True)
@@ -137,3 +142,13 @@ def worker_pool(
             signal.signal(signal.SIGINT, previous_handler)
     if ctrl_c is not None and ctrl_c.is_set():  # a Ctrl-C during the final shutdown
         raise KeyboardInterrupt
+
+
+def _kill_workers(executor: ProcessPoolExecutor) -> None:
+    """SIGKILL every worker process of ``executor`` (Python 3.14 has ``kill_workers``)."""
+    kill = getattr(executor, "kill_workers", None)
+    if kill is not None:
+        kill()
+        return
+    for process in list(getattr(executor, "_processes", {}).values()):
+        process.kill()

@@ -100,6 +100,7 @@ class EngineOptions:
     workers: int = 1  # local: processes; ray (local instance): CPUs of the instance
     workers_given: bool = False  # False: the default (CPU count), not an explicit --workers
     ray_address: str | None = None  # ray: cluster to join (else RAY_ADDRESS, else a local one)
+    stall_timeout: float = 1800.0  # write: seconds without progress before the build stops
 
 
 def open_engine(options: EngineOptions) -> AbstractContextManager[Engine]:

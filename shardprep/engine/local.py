@@ -11,6 +11,7 @@ report and returns only once all of them have stopped.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -18,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardprep.engine.faults import check_test_faults
 from shardprep.engine.tasks import WriteContext
+from shardprep.errors import StalledError, stalled
 from shardprep.storage import is_url
 from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord
@@ -37,8 +40,9 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, stall_timeout: float = 1800.0) -> None:
         self.workers = max(1, workers)
+        self.stall_timeout = stall_timeout
 
     @property
     def parallel(self) -> bool:
@@ -51,7 +55,7 @@ class LocalEngine:
     @contextmanager
     def open(cls, options: EngineOptions) -> Iterator[LocalEngine]:
         """The engine for ``options`` (an :class:`~shardprep.engine.EngineOptions`)."""
-        yield cls(options.workers)
+        yield cls(options.workers, options.stall_timeout)
 
     def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """``fn`` over ``items`` in worker processes; results in item order.
@@ -90,7 +94,7 @@ class LocalEngine:
                     admit(0)
                 yield shard, context.write(shard, progress)
             return
-        yield from _write_parallel(context, todo, workers, progress, admit)
+        yield from _write_parallel(context, todo, workers, progress, admit, self.stall_timeout)
 
 
 def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
@@ -130,6 +134,7 @@ def _write_in_worker(shard: int) -> ShardRecord:
     if _worker_state is None:
         raise RuntimeError("worker used before _init_worker")
     context, channel = _worker_state
+    check_test_faults(shard)
     return context.write(shard, channel.count)
 
 
@@ -139,12 +144,16 @@ def _write_parallel(
     workers: int,
     progress: Callable[[int], None],
     admit: Callable[[int], None] | None = None,
+    stall_timeout: float = 1800.0,
 ) -> Generator[tuple[int, ShardRecord], None, None]:
     """Write shards ``todo`` over ``workers`` processes, ``workers`` shards at a time.
 
     The first failure or Ctrl-C stops the rest within one zstd frame's worth of
     writing per worker (they give up at their next progress report), and this
-    returns or raises only once every worker has stopped. Writers that read
+    returns or raises only once every worker has stopped. When no sample is
+    written and no shard finishes for ``stall_timeout`` seconds, the workers are
+    killed (one may be stuck in a read) and :class:`StalledError` names the
+    shards in flight. Writers that read
     inputs listed by URL are spawned, not forked: a fork can inherit a lock a
     network thread holds.
     """
@@ -153,9 +162,15 @@ def _write_parallel(
     reported = 0
     waiting = deque(todo)
     with worker_pool(
-        workers, _init_worker, (context, channel), stop=channel.stop.set, context=mp
+        workers,
+        _init_worker,
+        (context, channel),
+        stop=channel.stop.set,
+        context=mp,
+        kill_on=(StalledError,),
     ) as pool:
         pending: dict[Future[ShardRecord], int] = {}
+        moved = time.monotonic()
         while waiting or pending:
             while waiting and len(pending) < workers:
                 if admit is not None:
@@ -165,6 +180,10 @@ def _write_parallel(
             done = pool.wait(pending)  # raises KeyboardInterrupt on Ctrl-C
             written = channel.written.value
             progress(written - reported)
+            if done or written != reported:
+                moved = time.monotonic()
+            elif time.monotonic() - moved > stall_timeout:
+                raise stalled(sorted(pending.values()), stall_timeout)
             reported = written
             for future in done:
                 shard = pending.pop(future)

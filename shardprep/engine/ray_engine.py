@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
 from shardprep.engine.tasks import ShardTask, WriteContext
-from shardprep.errors import PlanError, ShardprepError, WriteError
+from shardprep.errors import PlanError, ShardprepError, WriteError, stalled
 from shardprep.write import ShardRecord
 
 if TYPE_CHECKING:
@@ -109,8 +110,9 @@ class RayEngine:
     parallel = True  # tasks run in Ray's worker processes
     shares_disk = False  # a cluster's nodes may not see this machine's scratch folder
 
-    def __init__(self, ray: Any) -> None:
+    def __init__(self, ray: Any, stall_timeout: float = 1800.0) -> None:
         self._ray = ray
+        self.stall_timeout = stall_timeout
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.window = max(2, 2 * cpus)  # tasks in flight
         self._call = ray.remote(max_retries=MAX_RETRIES)(_call)
@@ -128,7 +130,7 @@ class RayEngine:
         """
         ray = import_ray()
         if ray.is_initialized():
-            yield cls(ray)
+            yield cls(ray, options.stall_timeout)
             return
         address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address is not None:
@@ -140,7 +142,7 @@ class RayEngine:
                 kwargs["num_cpus"] = options.workers
         ray.init(address=address, **kwargs)
         try:
-            yield cls(ray)
+            yield cls(ray, options.stall_timeout)
         finally:
             ray.shutdown()
 
@@ -176,8 +178,13 @@ class RayEngine:
                 pending[self._write.remote(context.task(shard))] = shard
                 if len(pending) >= self.window:
                     break
+            moved = time.monotonic()
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+                if done:
+                    moved = time.monotonic()
+                elif time.monotonic() - moved > self.stall_timeout:  # cancelled below
+                    raise stalled(sorted(pending.values()), self.stall_timeout)
                 for ref in done:
                     shard = pending.pop(ref)
                     record = self._get(ref)

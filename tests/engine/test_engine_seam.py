@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import socket
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +14,12 @@ import pytest
 
 import shardprep
 from shardprep.engine import EngineOptions, open_engine
-from shardprep.engine.faults import TransientWriteError, classify
+from shardprep.engine.faults import HOLD_LIMIT_S, TEST_FAULTS_ENV, TransientWriteError, classify
 from shardprep.engine.local import LocalEngine
-from shardprep.errors import InputError, PlanError, WriteError
+from shardprep.errors import InputError, PlanError, StalledError, WriteError
 from shardprep.inventory import PartRef, SampleRef
 from shardprep.scan import listing, scan
+from tests.conftest import write_class_folders
 from tests.processes import run_bounded
 
 
@@ -150,3 +153,38 @@ def test_ray_is_imported_only_by_a_ray_build() -> None:
 
     modules = ("shardprep.cli", "shardprep.build", "shardprep.engine.local")
     assert _imported_after((*modules, "shardprep.engine.ray_engine"), ("ray", "torch")) == []
+
+
+def test_a_hung_local_writer_is_killed_after_the_stall_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker processes: a write that never returns stops the build with the shard named."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 30, "b": 20})
+    reference = tmp_path / "reference"
+    shardprep.build(str(raw), str(reference), shards=4, workers=1, progress=False)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "hold-2").touch()  # the test hook: shard 2's write waits for this file to go
+    monkeypatch.setenv(TEST_FAULTS_ENV, str(faults))
+    out = tmp_path / "out"
+    started = time.monotonic()
+    with pytest.raises(StalledError, match=r"shard 2: no progress for 1\.5 s") as caught:
+        shardprep.build(str(raw), str(out), shards=4, workers=2, stall_timeout=1.5, progress=False)
+    # Killed, not waited for: the hook would hold the worker for HOLD_LIMIT_S (120 s).
+    assert time.monotonic() - started < HOLD_LIMIT_S / 2
+    assert caught.value.shard_index == 2
+    assert multiprocessing.active_children() == []  # the held worker was killed, not waited for
+    assert (faults / "hold-2").exists()  # ... it never got past the hook
+    assert not list(out.glob(".*.partial")) and not (out / "manifest.json").exists()
+    (faults / "hold-2").unlink()
+    shardprep.build(str(raw), str(out), shards=4, workers=2, resume=True, progress=False)
+    assert _tree(out) == _tree(reference)
+
+
+def test_stall_timeout_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="--stall-timeout must be positive"):
+        shardprep.build(str(tmp_path), str(tmp_path / "o"), shards=1, stall_timeout=0)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}

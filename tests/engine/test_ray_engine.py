@@ -23,7 +23,7 @@ import pytest
 
 import shardprep
 from shardprep.engine.faults import TEST_FAULTS_ENV
-from shardprep.errors import WriteError
+from shardprep.errors import StalledError, WriteError
 from shardprep.scan import listing
 from tests.conftest import payload, write_class_folders
 
@@ -258,4 +258,29 @@ def test_a_killed_ray_driver_is_finished_with_resume(data: Data, cluster: str) -
         str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
     )
     assert 1 <= summary.reused_shards < SHARDS
+    assert _files(out) == data.reference["folders"]
+
+
+def test_a_hung_task_stops_the_build_after_the_stall_timeout(data: Data, cluster: str) -> None:
+    """A write that never returns (held by the test hook) is cancelled; --resume finishes."""
+    hold = data.faults / "hold-4"
+    hold.touch()
+    out = data.base / "folders-stalled"
+    try:
+        with pytest.raises(StalledError, match=r"shard 4: no progress for 2 s \(--stall-timeout\)"):
+            shardprep.build(
+                str(data.class_folders),
+                str(out),
+                shards=SHARDS,
+                engine="ray",
+                stall_timeout=2.0,
+                progress=False,
+            )
+    finally:
+        hold.unlink()
+    assert not (out / "manifest.json").exists()
+    assert not list(out.glob(".*.partial"))
+    shardprep.build(
+        str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
+    )
     assert _files(out) == data.reference["folders"]
