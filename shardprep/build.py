@@ -10,11 +10,13 @@ stages themselves stay pure or single-shard.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -24,7 +26,7 @@ from tqdm import tqdm
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
-from shardprep.errors import BuildInterrupted, InputError, StalledError, WriteError
+from shardprep.errors import BuildInterrupted, InputError, OutputError, StalledError, WriteError
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
@@ -90,15 +92,16 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
         work = engine_scope.enter_context(tempfile.TemporaryDirectory(prefix="shardprep-build-"))
-        # → Inventory: one entry per sample, metadata only (on disk)
-        inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
-        engine_scope.callback(inventory.close)
-        # → Selection: which inventory samples are written, and how many copies
-        selection = select_samples(inventory, config)
-        # → Plan: per shard, the selected samples in write order (one file per shard)
-        plan = plan_to_files(
-            inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
-        )
+        with _scratch_errors(work):
+            # → Inventory: one entry per sample, metadata only (on disk)
+            inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
+            engine_scope.callback(inventory.close)
+            # → Selection: which inventory samples are written, and how many copies
+            selection = select_samples(inventory, config)
+            # → Plan: per shard, the selected samples in write order (one file per shard)
+            plan = plan_to_files(
+                inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
+            )
         fingerprint = _fingerprint(inventory, config, selection)
         destination.prepare()
         stage = _Stage.JOURNAL
@@ -133,6 +136,22 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     finally:
         engine_scope.close()
         destination.close()
+
+
+@contextlib.contextmanager
+def _scratch_errors(work: str) -> Iterator[None]:
+    """A full scratch disk becomes an OutputError that says what to do (a bigger TMPDIR)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise OutputError(
+            f"{work}: no room for the build's scratch files ({err.strerror}); they take about "
+            "100 bytes per sample plus its path: set TMPDIR to a folder on a disk with room "
+            "and run the same command again",
+            work,
+        ) from err
 
 
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import multiprocessing
+import os
 import socket
 import sys
 import time
@@ -188,3 +189,31 @@ def test_stall_timeout_must_be_positive(tmp_path: Path) -> None:
 
 def _tree(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _small_file_limit() -> None:  # in the child: files may not grow past 24 KiB
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (24 << 10, 24 << 10))
+
+
+def test_a_full_scratch_disk_says_to_set_tmpdir(tmp_path: Path) -> None:
+    """The scan's column files cannot grow (a real write limit): a clear error, no traceback."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 2500, "b": 1500})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = run_bounded(
+        [sys.executable, "-m", "shardprep", "build", str(raw), str(tmp_path / "out"), "-n", "2"]
+        + ["-j", "1", "-q"],
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        preexec_fn=_small_file_limit,
+    )
+    assert result.returncode != 0
+    assert "no room for the build's scratch files (File too large)" in result.stderr
+    assert "set TMPDIR to a folder on a disk with room" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(scratch.iterdir()) == []  # the scratch folder is removed on the way out
+    assert not (tmp_path / "out" / "manifest.json").exists()
