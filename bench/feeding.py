@@ -3,12 +3,15 @@
     python -m bench.feeding rate    OUT [--epochs 4] [--workers 0] [--samples]
     python -m bench.feeding cpu     OUT [--epochs 3]
     python -m bench.feeding memory  OUT [--samples]
+    python -m bench.feeding once    OUT [--workers 0] [--samples]
 
 ``OUT`` is a shardprep build (e.g. /tmp/shardprep-bench/built/images-20000/shardprep-w1).
 ``rate``: samples/s and MB/s per epoch (wall) and samples per CPU-second of this process,
 best epoch last; ``cpu``: CPU-seconds per GB of payload of the main process and of each
 DataLoader worker (2 workers, persistent), from ``/proc/<pid>/stat``, for the last epoch;
-``memory``: peak resident memory beyond ``import torch`` over one in-process epoch.
+``memory``: peak resident memory beyond ``import torch`` over one in-process epoch;
+``once``: one epoch in this fresh process, timed from the dataset's construction (workers
+started inside it), as ``python -m bench load`` times it, for quick A/B runs of two trees.
 Compare two versions by running the same command with another tree first on ``PYTHONPATH``.
 Batch 64, shuffling on, seed 0; the batch path unless ``--samples``.
 """
@@ -29,7 +32,7 @@ def _payload_bytes(batch: Any) -> tuple[int, int]:
     return len(batch["__key__"]), sum(int(p.data.numel()) for p in packed)
 
 
-def _loader(out: str, workers: int, samples: bool) -> tuple[Any, Any]:
+def _loader(out: str, workers: int, samples: bool, persistent: bool = True) -> tuple[Any, Any]:
     from torch.utils.data import DataLoader
 
     from loader import ShardDataset
@@ -43,7 +46,7 @@ def _loader(out: str, workers: int, samples: bool) -> tuple[Any, Any]:
         return ds, DataLoader(ds, batch_size=64, num_workers=workers, collate_fn=payloads)
     ds = ShardDataset(out, seed=0, batch_size=64)
     return ds, DataLoader(
-        ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0
+        ds, batch_size=None, num_workers=workers, persistent_workers=persistent and workers > 0
     )
 
 
@@ -88,6 +91,27 @@ def cpu(out: str, epochs: int) -> None:
         )
 
 
+def once(out: str, workers: int, samples: bool) -> None:
+    import torch.utils.data  # noqa: F401  (imports are not timed, as in ``python -m bench load``)
+
+    import loader  # noqa: F401
+
+    t0 = time.perf_counter()
+    ds, dl = _loader(out, workers, samples, persistent=False)  # the workers' exit is timed too
+    n = nbytes = 0
+    ttfb = None
+    for batch in dl:
+        if ttfb is None:
+            ttfb = time.perf_counter() - t0
+        a, b = _payload_bytes(batch)
+        n, nbytes = n + a, nbytes + b
+    wall = time.perf_counter() - t0
+    print(
+        f"workers {workers}: {n / wall:,.0f} samples/s, {nbytes / wall / 1e6:,.0f} MB/s "
+        f"(epoch {wall:.3f} s, first batch {ttfb or 0:.3f} s)"
+    )
+
+
 def _status(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -108,7 +132,7 @@ def memory(out: str, samples: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.feeding", description=__doc__)
-    parser.add_argument("what", choices=["rate", "cpu", "memory"])
+    parser.add_argument("what", choices=["rate", "cpu", "memory", "once"])
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0)
@@ -118,6 +142,8 @@ def main() -> None:
         rate(args.out, args.epochs, args.workers, args.samples)
     elif args.what == "cpu":
         cpu(args.out, args.epochs)
+    elif args.what == "once":
+        once(args.out, args.workers, args.samples)
     else:
         memory(args.out, args.samples)
 

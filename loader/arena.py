@@ -46,11 +46,17 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RINGS", "Arena", "Ticket"]
+__all__ = ["RINGS", "Arena", "Ticket", "ring_slot"]
 
 RINGS = platform.machine().lower() in ("x86_64", "amd64")
 MIN_BYTES = 8 << 20  # a ring holds at least this much
-BATCHES = 4  # ... and at least this many batches the size of its first one
+# ... and at least this many batches the size of its first one. With the DataLoader's default
+# prefetch_factor of 2, a worker writes batch k while k - 1 is in flight and k - 2 may still be
+# held by the consumer: 3 batches, plus up to one more of padding where the ring wraps. 4 would
+# do for batches of one size; the fifth leaves room for batches up to 1/4 larger than the
+# first (tests/unit/test_arena_ring.py). A payload that does not fit crosses in fresh shared
+# memory, 13-16x the cost of the ring on the `images` benchmark (docs/benchmarks-feeding.md).
+BATCHES = 5
 
 
 class Ticket:
@@ -106,20 +112,33 @@ class Arena:
             self._released = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
             self._counter = self._released.numpy()
         assert self._view is not None and self._released is not None
-        capacity = len(self._view)
-        start = self._allocated % capacity
-        pad = capacity - start if start + total > capacity else 0  # never wrap a payload
-        if self._allocated + pad + total - int(self._counter[0]) > capacity:
-            return None  # the main process has not received enough yet
-        begin = 0 if pad else start
+        slot = ring_slot(self._allocated, int(self._counter[0]), len(self._view), total)
+        if slot is None:
+            return None  # the main process has not released enough yet
+        begin, consumed = slot
         out = self._view
         for view, a, b in zip(views, ends[:-1], ends[1:], strict=True):
             out[begin + a : begin + b] = view
-        self._allocated += pad + total
+        self._allocated += consumed
         storage = None if self._announced else (self._data, self._released)
         self._announced = True
-        ticket = Ticket(self.owner, self.ring, begin, total, pad + total, storage)
+        ticket = Ticket(self.owner, self.ring, begin, total, consumed, storage)
         return self._data[begin : begin + total], ticket
+
+
+def ring_slot(allocated: int, released: int, capacity: int, size: int) -> tuple[int, int] | None:
+    """Where the next payload of ``size`` bytes goes in a ring of ``capacity`` bytes.
+
+    ``allocated``: bytes handed out so far (padding included), ``released``: how many of
+    them the receiving process has released (oldest first). Returns the payload's offset and
+    the bytes it consumes (itself, plus the ring's tail when it does not fit there: a payload
+    never wraps), or None if those bytes are not all released yet.
+    """
+    start = allocated % capacity
+    pad = capacity - start if start + size > capacity else 0
+    if allocated + pad + size - released > capacity:
+        return None
+    return (0 if pad else start), pad + size
 
 
 class _Ring:

@@ -6,7 +6,8 @@ and ``collate_samples`` joins them; here a window's members are described by
 arrays once (``Window``), and each batch is one gather over them: the members
 of each field are checksummed and copied once, straight from the window's
 buffers into the batch tensor (in shared memory when it is large and this is
-a DataLoader worker), with no per-sample dict.
+a DataLoader worker), with no per-sample dict. A batch that goes on in the next
+window keeps copies of its first samples (``Carried``, one buffer), not the window.
 
 The result is exactly the per-sample path's: same samples, order, fields and
 values (``tests/unit/test_assemble.py``). A batch it cannot describe as arrays
@@ -33,7 +34,7 @@ from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samp
 from loader.read import Chunk
 from shardprep.shardformat import payload_checksum
 
-__all__ = ["Recycler", "Window", "assemble_batches"]
+__all__ = ["Carried", "Recycler", "Window", "assemble_batches"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -92,6 +93,78 @@ class Window:
         """Window sample ``p`` as the per-sample path hands it out (checksum checked)."""
         c = int(np.searchsorted(self._starts, p, side="right")) - 1
         return self.chunks[c].sample(p - int(self._starts[c]))
+
+    def carry(self, positions: IntArray) -> Carried:
+        """The samples at ``positions`` copied out of the window, for a batch that goes on in
+        the next window: the window's buffers are then free for the next read.
+
+        Each member's checksum is checked here, where the per-sample path checks it (before
+        the next window is read).
+
+        Raises:
+            CorruptShardError: the first of those samples holding a damaged member, as the
+                per-sample path raises it.
+        """
+        counts = self.end[positions] - self.begin[positions]
+        starts = np.zeros(len(positions) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        # member numbers of the samples, in order: begin[p], begin[p] + 1, ..., per sample
+        members = np.repeat(self.begin[positions] - starts[:-1], counts) + np.arange(starts[-1])
+        views = self.members(members)
+        if self.checks:
+            got = np.fromiter(map(payload_checksum, views), np.uint64, len(views))
+            bad = np.flatnonzero(got != self.checksum[members])
+            if len(bad):
+                first = int(np.searchsorted(starts, bad[0], side="right")) - 1
+                self.sample(int(positions[first]))  # raises, naming the sample
+                raise RuntimeError(
+                    f"sample {self.keys[positions[first]]} failed its checksum when gathered "
+                    "but not when read again: its shard is changing while it is read"
+                )
+        return Carried(self, positions, members, starts, views)
+
+
+class Carried(Window):
+    """Samples copied out of a window (``Window.carry``): one buffer, members in sample order.
+
+    It stands in for its window in the batch that goes on in the next one: the same arrays
+    (over its own sample and member numbers), checksums already checked.
+    """
+
+    def __init__(
+        self,
+        window: Window,
+        positions: IntArray,
+        members: IntArray,
+        starts: IntArray,
+        views: list[memoryview],
+    ) -> None:
+        self.chunks = []
+        self.keys = window.keys[positions]
+        self.padded = window.padded[positions]
+        picked = positions.tolist()
+        self.extra = {f: [values[p] for p in picked] for f, values in window.extra.items()}
+        self.begin, self.end = starts[:-1], starts[1:]
+        self.size = window.size[members]
+        self.offset = np.zeros(len(members), dtype=np.int64)
+        np.cumsum(self.size[:-1], out=self.offset[1:])
+        self.checksum = window.checksum[members]
+        self.checks = False  # checked as they were copied
+        self.chunk = np.zeros(len(members), dtype=np.int64)
+        self.buffers = [memoryview(bytearray().join(views))]  # the one copy
+        self.field = window.field[members]
+        self.names = window.names
+
+    def sample(self, p: int) -> dict[str, Any]:
+        """Sample ``p`` as the per-sample path hands it out (``Chunk.sample``)."""
+        out: dict[str, Any] = {"__key__": str(self.keys[p]), "__padded__": bool(self.padded[p])}
+        for field, values in self.extra.items():
+            out[field] = values[p]
+        data, names = self.buffers[0], self.names
+        for m in range(int(self.begin[p]), int(self.end[p])):
+            start = int(self.offset[m])
+            out[names[self.field[m]]] = data[start : start + int(self.size[m])].tobytes()
+        return out
 
 
 class _Fields:
@@ -201,7 +274,7 @@ def _assemble(
 ) -> Batch:
     """The batch of the given window positions, exactly as the per-sample path makes it.
 
-    (One window's, in practice: a batch that spans windows is made from sample dicts.)
+    (A batch that spans windows: the earlier windows' samples as ``Carried`` copies.)
     """
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
@@ -244,8 +317,7 @@ def assemble_batches(
     large payloads (None in the main process); ``recycler``: the main
     process's reused buffers for them.
     """
-    pending: list[tuple[Window, IntArray]] = []  # this window's part of the next batch
-    carried: list[dict[str, Any]] = []  # earlier windows' part of it, as sample dicts
+    pending: list[tuple[Window, IntArray]] = []  # the next batch's samples so far
     need = batch_size
     for chunks, order in windows:
         window = Window(chunks)
@@ -254,19 +326,18 @@ def assemble_batches(
             pending.append((window, take))
             need -= len(take)
             if need == 0:
-                if carried:
-                    yield collate_samples(carried + _samples(pending), next(positions))
-                else:
-                    yield _assemble(pending, next(positions), arena, recycler)
-                pending, carried, need = [], [], batch_size
-        # The next batch goes on in the next window: keep its samples (copies), not this
-        # window, so that one window is in memory while the next is read. (The per-sample
-        # path makes the same batch: tests/integration/test_assemble.py.)
-        carried += _samples(pending)
-        pending = []
+                yield _assemble(pending, next(positions), arena, recycler)
+                pending, need = [], batch_size
+        # The next batch goes on in the next window: keep copies of its samples (one buffer),
+        # not this window, so that one window is in memory while the next is read. (The
+        # per-sample path makes the same batch: tests/integration/test_assemble.py.)
+        pending = [
+            (w.carry(p), np.arange(len(p), dtype=np.int64)) if w is window else (w, p)
+            for w, p in pending
+        ]
         del window, chunks
-    if carried:
-        yield collate_samples(carried, next(positions))
+    if pending:
+        yield _assemble(pending, next(positions), arena, recycler)
 
 
 def _samples(segments: list[tuple[Window, IntArray]]) -> list[dict[str, Any]]:

@@ -252,12 +252,18 @@ class BufferPool:
 
 
 def _free(buffer: bytearray) -> bool:
-    """True if no view of ``buffer`` exists (resizing is refused while one does)."""
+    """True if no view of ``buffer`` exists (resizing is refused while one does).
+
+    Shrunk by one byte, then grown back: growing first would reallocate a full buffer.
+    """
+    if not buffer:
+        return True  # nothing can be viewed, and nothing to shrink
+    last = buffer[-1]
     try:
-        buffer.append(0)
+        del buffer[-1]
     except BufferError:
         return False
-    del buffer[-1]
+    buffer.append(last)
     return True
 
 

@@ -139,3 +139,31 @@ def test_in_process_batches_kept_or_freed_keep_their_bytes(big: Path) -> None:
     assert len(ds._recycler._free) > 0  # buffers were handed back and reused
     for where, batch in kept.items():
         assert batch["bin"].tolist() == reference[where], where
+
+
+def test_batches_spanning_windows_cross_through_the_ring(
+    big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows of at most 1.5 MiB hold fewer samples than a batch of 32 (1-2 MiB): every batch
+    spans windows, its earlier samples carried as copies (``assemble.Carried``); each still
+    crosses through the ring (a ring with room for all of them), with the in-process bytes."""
+    kwargs: dict[str, Any] = {"batch_size": 32, "seed": 11, "shuffle_buffer_bytes": 3 << 19}
+    reference = []
+    for epoch in range(2):
+        slow = ShardDataset(str(big), transform=lambda s: s, **kwargs)
+        slow.set_epoch(epoch)
+        reference.append(
+            [
+                (k, p)
+                for b in slow
+                for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
+            ]
+        )
+    monkeypatch.setattr(arena, "MIN_BYTES", 64 << 20)
+    ds = ShardDataset(str(big), **kwargs)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=1, persistent_workers=True
+    )
+    seen, ring, shared = _epochs(ds, loader, 2)
+    assert shared == 0 and ring >= 8, (ring, shared)
+    assert seen == reference

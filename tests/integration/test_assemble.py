@@ -81,15 +81,26 @@ def test_samples_with_different_members_fall_back_to_the_sample_path(tmp_path: P
     out = tmp_path / "out"
     shardprep.build(str(raw), str(out), shards=3, workers=1, progress=False, input_format="keyed")
     assert _same({"batch_size": 8}, out) == 2 * 5
+    # windows of 3 samples: every batch spans windows, its earlier samples carried as copies
+    assert _same({"batch_size": 8, "shuffle_buffer": 3}, out) == 2 * 5
     batches = list(ShardDataset(str(out), batch_size=8, shuffle=False))
     assert any(isinstance(b["txt"], list) and None in b["txt"] for b in batches)
 
 
-def test_a_damaged_member_raises_what_the_sample_path_raises(built: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sample", "window", "where"),
+    [(5, 8192, "_assemble"), (1, 3, "carry"), (5, 3, "_assemble")],
+)
+def test_a_damaged_member_raises_what_the_sample_path_raises(
+    built: Path, tmp_path: Path, sample: int, window: int, where: str
+) -> None:
+    """With windows of 3 samples, batches of 8 span windows: sample 1 of shard 3 is damaged in
+    a part carried to the next window (``Window.carry`` raises), sample 5 in a batch whose
+    earlier samples are carried (the batch is made from sample dicts, ``Carried.sample``)."""
     out = tmp_path / "out"
     shutil.copytree(built, out)
     index = decode_index((out / "shard-00003.idx").read_bytes(), "idx")
-    member = int(index.member_start[5])
+    member = int(index.member_start[sample])
     with open(out / "shard-00003.tar", "r+b") as f:
         f.seek(int(index.member_offset[member]) + 2)
         byte = f.read(1)
@@ -97,8 +108,11 @@ def test_a_damaged_member_raises_what_the_sample_path_raises(built: Path, tmp_pa
         f.write(bytes([byte[0] ^ 0xFF]))
     errors = []
     for kwargs in ({"batch_size": 8}, {"batch_size": 8, "transform": lambda s: s}):
+        kwargs["shuffle_buffer"] = window
         with pytest.raises(CorruptShardError) as info:
             list(ShardDataset(str(out), **kwargs))
         errors.append(str(info.value))
+        if "transform" not in kwargs:
+            assert where in [entry.name for entry in info.traceback]
     assert errors[0] == errors[1]
-    assert index.key(5) in errors[0] and "checksum mismatch" in errors[0]
+    assert index.key(sample) in errors[0] and "checksum mismatch" in errors[0]
