@@ -134,8 +134,17 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             raise _interrupted(destination, config, stage) from err
         raise
     finally:
-        engine_scope.close()
-        destination.close()
+        # Clean-up takes time (the scratch folder, Ray's shutdown): a Ctrl-C that lands in it
+        # gets the advice for the stage the build reached, like one that lands before.
+        try:
+            try:
+                engine_scope.close()
+            finally:
+                destination.close()
+        except KeyboardInterrupt as err:
+            if isinstance(err, BuildInterrupted):
+                raise
+            raise _interrupted(destination, config, stage) from err
 
 
 @contextlib.contextmanager
