@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -86,12 +87,14 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     stage = _Stage.CHECK
     destination = open_destination(out, config)
     engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
+    scratch: list[str] = []  # the scratch folder, once made
     try:
         destination.check()
         _check_engine_for(destination, config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
         work = engine_scope.enter_context(tempfile.TemporaryDirectory(prefix="shardprep-build-"))
+        scratch.append(work)
         with _scratch_errors(work):
             # → Inventory: one entry per sample, metadata only (on disk)
             inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
@@ -142,6 +145,8 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             finally:
                 destination.close()
         except KeyboardInterrupt as err:
+            for folder in scratch:  # its removal may be what the Ctrl-C cut short
+                shutil.rmtree(folder, ignore_errors=True)
             if isinstance(err, BuildInterrupted):
                 raise
             raise _interrupted(destination, config, stage) from err

@@ -38,12 +38,14 @@ def _default_sigint() -> None:
 class _Build:
     """A build subprocess in its own session, its stderr collected by a thread."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], tmpdir: Path | None = None) -> None:
+        env = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardprep", "build", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            env=env,
             # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
             # background job of a non-interactive shell does, and the child would inherit it)
             preexec_fn=_default_sigint,
@@ -141,8 +143,10 @@ def test_sigint_loop_always_exits_130_and_resumes_byte_identical(tmp_path: Path)
     out = tmp_path / "out"
     mode: list[str] = []
     outcomes = {"resumable": 0, "again": 0, "finished": 0}
+    scratch = tmp_path / "scratch"  # the builds' TMPDIR: their scratch folders go here
+    scratch.mkdir()
     for attempt in range(SIGNALS):
-        build = _Build([str(raw), str(out), *options, *mode])
+        build = _Build([str(raw), str(out), *options, *mode], tmpdir=scratch)
         try:
             assert build.started.wait(EXIT_DEADLINE_S), "the build never started its scan"
             if attempt % 2:  # aim at the write phase, where the old deadlock was
@@ -160,6 +164,8 @@ def test_sigint_loop_always_exits_130_and_resumes_byte_identical(tmp_path: Path)
         last = build.last_line()
         context = f"attempt {attempt}, {mode}: exit {code} after {took:.2f} s, {build.stderr!r}"
         assert took < EXIT_DEADLINE_S, context
+        # the scratch folder goes too, even when the signal cut its removal short
+        assert list(scratch.iterdir()) == [], context
         if code == 0:
             # CPython drops a KeyboardInterrupt raised in an import lock's callback (printing
             # this) and the build carries on: it finished, the only acceptable traceback.
