@@ -231,7 +231,8 @@ def test_a_killed_ray_driver_is_finished_with_resume(data: Data, cluster: str) -
     out = data.base / "folders-killed"
     (data.faults / "hold-5").touch()  # shard 5 waits: the build cannot finish before the kill
     ray_tmp = tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp")  # short: Ray's socket paths
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": ""}
+    # TMPDIR: the killed driver's scratch folder stays in the test's tmp
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "TMPDIR": str(data.base)}
     command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
     command += ["-n", str(SHARDS), "--engine", "ray", "--workers", "2", "-q"]
     driver = subprocess.Popen(

@@ -77,6 +77,11 @@ def clean(raw: Path) -> Path:
     return out
 
 
+def _scratch_here(folder: Path) -> dict[str, str]:
+    """The environment of a build that is killed: its scratch folder (TMPDIR) in the test's tmp."""
+    return {**os.environ, "TMPDIR": str(folder)}
+
+
 def _kill_mid_build(raw: Path, out: Path, extra: dict[str, object] | None = None) -> None:
     """Start the stalling build, wait (bounded) until it is stuck, SIGKILL its process group."""
     stderr = out.parent / f"{out.name}.stderr"
@@ -95,6 +100,7 @@ def _kill_mid_build(raw: Path, out: Path, extra: dict[str, object] | None = None
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,  # its own process group: the workers die with it
+            env=_scratch_here(out.parent),
         )
     try:
         deadline = time.monotonic() + 60
@@ -251,6 +257,7 @@ def test_kill_at_first_shard_of_an_unmodified_build(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        env=_scratch_here(out.parent),
     )
     try:
         deadline = time.monotonic() + 60

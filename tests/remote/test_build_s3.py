@@ -251,7 +251,8 @@ def _stop_mid_upload_then_resume(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **s3.environment(proxy.endpoint)},
+        # TMPDIR: a killed build leaves its scratch folder, here in the test's tmp
+        env={**os.environ, **s3.environment(proxy.endpoint), "TMPDIR": str(tmp_path)},
         start_new_session=True,
         # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
         # background job of a non-interactive shell does, and the child would inherit it)
