@@ -27,7 +27,14 @@ from tqdm import tqdm
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
-from shardprep.errors import BuildInterrupted, InputError, OutputError, StalledError, WriteError
+from shardprep.errors import (
+    BuildInterrupted,
+    InputError,
+    OutputError,
+    StalledError,
+    WriteError,
+    is_interrupt,
+)
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
@@ -133,7 +140,7 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
     except BaseException as err:
         if stage is _Stage.WRITE:  # every task has stopped: no partial file is being written
             destination.discard_partial()
-        if isinstance(err, KeyboardInterrupt) and not isinstance(err, BuildInterrupted):
+        if is_interrupt(err) and not isinstance(err, BuildInterrupted):
             raise _interrupted(destination, config, stage) from err
         raise
     finally:
@@ -144,7 +151,9 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
                 engine_scope.close()
             finally:
                 destination.close()
-        except KeyboardInterrupt as err:
+        except (KeyboardInterrupt, SystemError) as err:
+            if not is_interrupt(err):
+                raise
             for folder in scratch:  # its removal may be what the Ctrl-C cut short
                 shutil.rmtree(folder, ignore_errors=True)
             if isinstance(err, BuildInterrupted):

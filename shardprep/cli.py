@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from shardprep.errors import BuildInterrupted, PlanError, ShardprepError
+from shardprep.errors import BuildInterrupted, PlanError, ShardprepError, is_interrupt
 
 __all__ = ["main"]
 
@@ -32,7 +32,9 @@ def _run(action: Callable[[], Any], progress: bool = False) -> Any:
         raise click.UsageError(str(err)) from err
     except ShardprepError as err:
         raise click.ClickException(str(err)) from err
-    except KeyboardInterrupt as err:
+    except (KeyboardInterrupt, SystemError) as err:
+        if not is_interrupt(err):  # a SystemError that is not a Ctrl-C in disguise is a bug
+            raise
         # BuildInterrupted says how to go on; a bare Ctrl-C elsewhere has nothing to resume.
         message = str(err) if isinstance(err, BuildInterrupted) else "interrupted"
         click.echo(("\n" if progress else "") + message, err=True)

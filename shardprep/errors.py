@@ -36,6 +36,7 @@ __all__ = [
     "PlanError",
     "ShardprepError",
     "WriteError",
+    "is_interrupt",
 ]
 
 
@@ -172,3 +173,24 @@ class BuildInterrupted(KeyboardInterrupt):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (BuildInterrupted, (str(self), self.resumable))
+
+
+def is_interrupt(err: BaseException) -> bool:
+    """Whether ``err`` is a Ctrl-C: a KeyboardInterrupt, or one that C code turned into another error.
+
+    The signal handler raises KeyboardInterrupt in whatever Python code runs next, which may
+    be a callback inside a C function (an ``isinstance`` check inside ``os.fspath`` under
+    ``numpy.fromfile``, say). CPython then reports ``SystemError: ... returned a result with
+    an exception set``, with the KeyboardInterrupt as its ``__cause__``. That is still Ctrl-C:
+    the build must give its advice and exit 130, not print a traceback.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        if not isinstance(current, SystemError):
+            return False
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

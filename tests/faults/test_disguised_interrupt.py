@@ -1,0 +1,112 @@
+"""A Ctrl-C that C code reports as a SystemError is still a Ctrl-C (seen in CI).
+
+When SIGINT's handler raises KeyboardInterrupt inside Python code that a C function
+calls back (``os.fspath``'s ``isinstance`` check under ``numpy.fromfile``), CPython
+reports ``SystemError: <built-in function fspath> returned a result with an exception
+set`` with the KeyboardInterrupt as its ``__cause__``. The build must treat it as the
+Ctrl-C it is: the advice for its stage, exit 130, no traceback, scratch removed. A
+SystemError without a KeyboardInterrupt behind it is a bug and must stay visible.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from shardprep.errors import is_interrupt
+from shardprep.spill import InventoryStore
+from tests.faults.helpers import invoke, tree_hashes, write
+
+
+def _disguised() -> SystemError:
+    """What CPython raises: the SystemError, the KeyboardInterrupt its direct cause."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise SystemError(
+                "<built-in function fspath> returned a result with an exception set"
+            ) from interrupt
+    except SystemError as err:
+        return err
+
+
+def test_is_interrupt_sees_through_system_errors_only() -> None:
+    assert is_interrupt(KeyboardInterrupt())
+    assert is_interrupt(_disguised())
+    outer = SystemError("outer")
+    outer.__cause__ = _disguised()
+    assert is_interrupt(outer)
+    assert not is_interrupt(SystemError("a bug"))
+    assert not is_interrupt(ValueError("x"))
+    wrapped = ValueError("not a SystemError")  # only SystemError hides a Ctrl-C
+    wrapped.__cause__ = KeyboardInterrupt()
+    assert not is_interrupt(wrapped)
+    looped = SystemError("loop")
+    looped.__context__ = looped
+    assert not is_interrupt(looped)
+
+
+@pytest.fixture
+def raw(tmp_path: Path) -> Path:
+    rng = random.Random(3)
+    for c in range(3):
+        for i in range(20):
+            write(tmp_path / "raw" / f"c{c}" / f"{i:02d}.bin", rng.randbytes(300 + 7 * i))
+    return tmp_path / "raw"
+
+
+def _raise(err: BaseException):  # type: ignore[no-untyped-def]
+    def fail(*_args: object, **_kwargs: object) -> None:
+        raise err
+
+    return fail
+
+
+def test_after_the_last_shard_it_says_complete_and_exits_130(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = tmp_path / "clean"
+    assert invoke("build", str(raw), str(clean), "--shards", "4", "-j", "1").exit_code == 0
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    # the summary reads the scratch inventory with numpy.fromfile, where CI saw it happen
+    monkeypatch.setattr(InventoryStore, "source_bytes", _raise(_disguised()))
+    out = tmp_path / "out"
+    result = invoke("build", str(raw), str(out), "--shards", "4", "-j", "1")
+    assert result.exit_code == 130, result.output
+    assert (
+        result.stderr.splitlines()[-1] == f"interrupted after the build finished: {out} is complete"
+    )
+    assert tree_hashes(out) == tree_hashes(clean)
+    assert os.listdir(scratch) == []
+
+
+def test_in_the_scan_it_says_run_again_and_exits_130(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(InventoryStore, "freeze", _raise(_disguised()))
+    out = tmp_path / "out"
+    result = invoke("build", str(raw), str(out), "--shards", "4", "-j", "1")
+    assert result.exit_code == 130, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "interrupted before any shard was written: run the same command again"
+    )
+    assert not out.exists() or os.listdir(out) == []
+
+
+def test_a_system_error_that_is_no_interrupt_is_not_hidden(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(InventoryStore, "source_bytes", _raise(SystemError("a real bug")))
+    from click.testing import CliRunner
+
+    from shardprep.cli import cli
+
+    result = CliRunner().invoke(cli, ["build", str(raw), str(tmp_path / "out"), "--shards", "4"])
+    assert isinstance(result.exception, SystemError), result.output
+    assert str(result.exception) == "a real bug"
