@@ -44,8 +44,12 @@ def epoch(out: str, workers: int, batch_size: int) -> dict[str, float]:
     device = torch.device("cuda")
     ds = ShardDataset(out)
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, num_workers=workers, collate_fn=collate,
-        pin_memory=True, persistent_workers=workers > 0,
+        ds,
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=True,
+        persistent_workers=workers > 0,
     )
     for _ in loader:  # warm-up epoch: workers start, page cache fills
         pass
@@ -81,8 +85,10 @@ def main() -> None:
     out = work / "shards"
     if not (out / "manifest.json").exists():
         shardprep.build(str(raw), str(out), shards=16, workers=8, progress=False, overwrite=True)
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{args.samples} samples, batch {args.batch_size}, {PAYLOAD_BYTES // 1024} KiB per sample on device")
+    print(
+        f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"{args.samples} samples, batch {args.batch_size}, {PAYLOAD_BYTES // 1024} KiB per sample on device"
+    )
     print("| num_workers | samples/s | GB/s to GPU | time in copy+launch |")
     print("|---:|---:|---:|---:|")
     for workers in (int(w) for w in args.workers.split(",")):

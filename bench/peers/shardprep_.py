@@ -13,7 +13,8 @@ from typing import Any
 from bench.peers.common import PAYLOAD_KEYS
 
 BUILD_IMPORTS = ("shardprep",)  # timed as "import s" of a build
-LOAD_IMPORTS = ("loader", "torch.utils.data")  # timed as "import s" of a load
+# timed as "import s" of a load: what ``from loader import ShardDataset`` imports
+LOAD_IMPORTS = ("loader", "loader.dataset", "torch.utils.data")
 
 
 def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
