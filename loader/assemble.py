@@ -52,7 +52,7 @@ class Window:
         self.chunks = chunks
         lengths = [len(t.keys) for t in tables]
         self._starts = np.cumsum([0, *lengths])
-        self.keys = np.array([k for t in tables for k in t.keys])
+        self.keys = _concat([t.keys for t in tables])
         self.padded = np.repeat([t.padded for t in tables], lengths).astype(np.bool_)
         self.extra = {f: [v for t in tables for v in t.extra[f]] for f in tables[0].extra}
         base = np.cumsum([0] + [len(t.size) for t in tables])

@@ -55,7 +55,7 @@ class ChunkTable:
 
     data: bytes | memoryview
     exts: tuple[str, ...]
-    keys: list[str]
+    keys: npt.NDArray[np.str_]
     begin: IntArray
     end: IntArray
     offset: IntArray
@@ -69,7 +69,9 @@ class ChunkTable:
 class Chunk:
     """The bytes of consecutive samples of one shard, and how to cut them into samples.
 
-    :meth:`sample` checks the sample's checksum before handing it out.
+    :meth:`sample` checks the sample's checksum before handing it out. The
+    per-sample lists it uses are made on its first call: the batch path
+    (:meth:`table`) reads the index's arrays directly and never needs them.
     """
 
     checks = True  # verify every member's checksum as its sample is handed out
@@ -79,15 +81,12 @@ class Chunk:
         "_data",
         "_exts",
         "_first",
-        "_hash",
         "_index",
         "_keys",
-        "_member_ext",
-        "_member_start",
-        "_offset",
+        "_lists",
         "_selection",
         "_shard",
-        "_size",
+        "_stop",
         "extra",
         "padded",
     )
@@ -102,28 +101,30 @@ class Chunk:
         selection: list[int] | None = None,
         extra: dict[str, list[Any]] | None = None,
     ) -> None:
-        a, b = piece.start, piece.stop
-        first, last = int(index.member_start[a]), int(index.member_start[b])
         self._data = data
         self._base = base
-        self._index, self._first = index, a  # for error messages
+        self._index, self._first, self._stop = index, piece.start, piece.stop
         self._shard = shard
         self._exts = index.exts
-        self._hash = index.member_hash[first:last].tolist()
-        self._member_start = (index.member_start[a : b + 1] - first).tolist()
-        self._member_ext = index.member_ext[first:last].tolist()
-        self._offset = (index.member_offset[first:last] - np.uint64(base)).tolist()
-        self._size = index.member_size[first:last].tolist()
-        key_start = int(index.key_end[a - 1]) if a else 0
-        blob = bytes(index.key_blob[key_start : int(index.key_end[b - 1])])
-        ends = (index.key_end[a:b] - np.uint64(key_start)).tolist()
-        self._keys = [blob[s:e].decode() for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+        self._keys: npt.NDArray[np.str_] | None = None
+        self._lists: _SampleLists | None = None
         self.padded = piece.padded
         self._selection = selection  # samples of the chunk in yield order (reweighting), or all
         self.extra = extra or {}  # per yielded sample: more fields, e.g. "__weight__"
 
     def __len__(self) -> int:
-        return len(self._keys) if self._selection is None else len(self._selection)
+        return self._stop - self._first if self._selection is None else len(self._selection)
+
+    def keys(self) -> npt.NDArray[np.str_]:
+        """The keys of the chunk's samples (all of them, in shard order), as one array."""
+        if self._keys is None:
+            self._keys = key_array(self._index, self._first, self._stop)
+        return self._keys
+
+    def _per_sample(self) -> _SampleLists:
+        if self._lists is None:
+            self._lists = _SampleLists(self._index, self._first, self._stop, self._base)
+        return self._lists
 
     def sample(self, j: int) -> dict[str, Any]:
         """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``.
@@ -135,20 +136,21 @@ class Chunk:
         extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
         if self._selection is not None:
             j = self._selection[j]
-        out: dict[str, Any] = {"__key__": self._keys[j], "__padded__": self.padded}
+        lists = self._per_sample()
+        out: dict[str, Any] = {"__key__": lists.keys[j], "__padded__": self.padded}
         if extra:
             out.update(extra)
         data, exts, offset, size, ext, digest, checksum = (
             self._data,
             self._exts,
-            self._offset,
-            self._size,
-            self._member_ext,
-            self._hash,
+            lists.offset,
+            lists.size,
+            lists.ext,
+            lists.hash,
             payload_checksum,
         )
         check, view = self.checks, type(data) is memoryview  # views of a reused read buffer
-        for m in range(self._member_start[j], self._member_start[j + 1]):
+        for m in range(lists.start[j], lists.start[j + 1]):
             start = offset[m]
             payload = data[start : start + size[m]]
             if view:
@@ -160,16 +162,15 @@ class Chunk:
 
     def table(self) -> ChunkTable:
         """The chunk's samples as arrays, for assembling whole batches (``loader.assemble``)."""
-        index, a = self._index, self._first
-        b = a + len(self._keys)
+        index, a, b = self._index, self._first, self._stop
         first = index.member_start[a]
         starts = (index.member_start[a : b + 1] - first).astype(np.int64)
         members = slice(int(first), int(index.member_start[b]))
-        keys = self._keys
+        keys = self.keys()
         if self._selection is not None:
             chosen = np.asarray(self._selection, dtype=np.int64)
             begin, end = starts[chosen], starts[chosen + 1]
-            keys = [keys[j] for j in self._selection]
+            keys = keys[chosen]
         else:
             begin, end = starts[:-1], starts[1:]
         return ChunkTable(
@@ -187,15 +188,66 @@ class Chunk:
         )
 
     def _damaged(self, j: int, m: int, payload: bytes | memoryview) -> CorruptShardError:
+        lists = self._per_sample()
         return CorruptShardError.at(
             self._shard,
-            self._keys[j],
+            lists.keys[j],
             int(self._index.sample_offset[self._first + j]),
-            f"checksum mismatch in its .{self._exts[self._member_ext[m]]} member (the "
-            f"{self._size[m]} bytes at offset {self._base + self._offset[m]} hash to "
-            f"{payload_checksum(payload):#018x}, the index recorded {self._hash[m]:#018x}): "
+            f"checksum mismatch in its .{self._exts[lists.ext[m]]} member (the "
+            f"{lists.size[m]} bytes at offset {self._base + lists.offset[m]} hash to "
+            f"{payload_checksum(payload):#018x}, the index recorded {lists.hash[m]:#018x}): "
             "the shard's bytes are damaged",
         )
+
+
+class _SampleLists:
+    """Samples ``a:b`` of a shard's index as Python lists, for handing samples out one by one.
+
+    Member numbers are relative to the chunk (its first member is 0), offsets to ``base``.
+    """
+
+    __slots__ = ("ext", "hash", "keys", "offset", "size", "start")
+
+    def __init__(self, index: ShardIndex, a: int, b: int, base: int) -> None:
+        first, last = int(index.member_start[a]), int(index.member_start[b])
+        self.keys: list[str] = key_list(index, a, b)
+        self.hash: list[int] = index.member_hash[first:last].tolist()
+        self.start: list[int] = (index.member_start[a : b + 1] - first).tolist()
+        self.ext: list[int] = index.member_ext[first:last].tolist()
+        self.offset: list[int] = (index.member_offset[first:last] - np.uint64(base)).tolist()
+        self.size: list[int] = index.member_size[first:last].tolist()
+
+
+def key_list(index: ShardIndex, a: int, b: int) -> list[str]:
+    """The keys of samples ``a:b`` of ``index``, decoded one by one (UTF-8)."""
+    if b == a:
+        return []
+    key_start = int(index.key_end[a - 1]) if a else 0
+    blob = bytes(index.key_blob[key_start : int(index.key_end[b - 1])])
+    ends = (index.key_end[a:b] - np.uint64(key_start)).tolist()
+    return [blob[s:e].decode() for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def key_array(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.str_]:
+    """The keys of samples ``a:b`` of ``index`` as one NumPy string array.
+
+    The keys lie back to back in ``index.key_blob``. ASCII keys (the usual case) are cut
+    into a fixed-width array in a few NumPy operations; any other byte (UTF-8, or a NUL,
+    which a fixed-width array would drop from a key's end) takes the exact path, one
+    ``decode`` per key.
+    """
+    if b == a:
+        return np.array([], dtype=np.str_)
+    key_start = int(index.key_end[a - 1]) if a else 0
+    ends = index.key_end[a:b].astype(np.int64) - key_start
+    blob = index.key_blob[key_start : key_start + int(ends[-1])]
+    lengths = np.diff(ends, prepend=0)
+    width = max(int(lengths.max()), 1)
+    if len(blob) and (int(blob.max()) >= 0x80 or int(blob.min()) == 0):
+        return np.array(key_list(index, a, b), dtype=np.str_)
+    grid = np.zeros((b - a, width), dtype=np.uint8)
+    grid[np.arange(width) < lengths[:, None]] = blob  # row-major order: key after key
+    return grid.view(f"S{width}").ravel().astype(f"U{width}")
 
 
 class UncheckedChunk(Chunk):
