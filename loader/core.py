@@ -222,7 +222,8 @@ class ShardStream:
             and self.transform is None
             and not policy.skip
         )
-        reader = self.reader(epoch, BufferPool() if gather else None)
+        # windows are read into reused buffers; every sample dict holds copies, never views
+        reader = self.reader(epoch, BufferPool())
         try:
             # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
             pieces = self._pieces(epoch, world, reader, history)

@@ -222,6 +222,7 @@ def sample_stream(
     for chunks, order in windows:
         owners = [c for c in chunks for _ in range(len(c))]
         positions = [j for c in chunks for j in range(len(c))]
+        del chunks
         sample: dict[str, Any] | None = None
         for p in order.tolist():
             try:
@@ -231,3 +232,5 @@ def sample_stream(
                 policy.failed(err, 1, in_a_row=sample is not None and sample is policy.given)
                 sample = policy.given = policy.substitute()
             yield sample
+        # before the next window is read: one window in memory, not two
+        del owners

@@ -1,4 +1,4 @@
-"""``loader.read.key_array``: the keys of a sample range as one array, exactly the decoded keys."""
+"""loader.read's arrays: keys of a sample range as one array, cached index arrays narrowed."""
 
 from __future__ import annotations
 
@@ -43,3 +43,15 @@ def test_ascii_keys_take_the_vectorised_path_with_the_widest_key_as_width() -> N
     got = key_array(_index(keys), 1, 4)  # type: ignore[arg-type]
     assert got.dtype == np.dtype("<U7")
     assert got.tolist() == ["bcd", "ef", "0000123"]
+
+
+def test_cached_index_arrays_narrow_to_32_bits_only_where_every_value_fits() -> None:
+    from loader.read import _narrow
+
+    small = np.array([0, 5, (1 << 32) - 1], dtype=np.uint64)
+    assert _narrow(small).dtype == np.uint32
+    assert _narrow(small).tolist() == small.tolist()
+    large = np.array([0, 1 << 32], dtype=np.uint64)
+    assert _narrow(large).dtype == np.uint64
+    assert _narrow(large).tolist() == [0, 1 << 32]
+    assert _narrow(np.array([], dtype=np.uint64)).dtype == np.uint32
