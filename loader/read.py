@@ -347,9 +347,8 @@ def _slim(index: ShardIndex) -> tuple[ShardIndex, int]:
 
 def _narrow(values: npt.NDArray[np.uint64]) -> npt.NDArray[Any]:
     """A copy of ``values`` as ``uint32`` if every value fits, else as they are."""
-    if len(values) and int(values.max()) >= 1 << 32:
-        return values.copy()
-    narrowed: npt.NDArray[np.uint32] = values.astype(np.uint32)
+    wide = bool(len(values)) and int(values.max()) >= 1 << 32
+    narrowed: npt.NDArray[Any] = values.copy() if wide else values.astype(np.uint32)
     return narrowed
 
 
