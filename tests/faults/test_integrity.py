@@ -223,3 +223,35 @@ def test_checksums_can_be_turned_off_on_the_reader(built: Path, tmp_path: Path) 
     intact = ShardDataset(str(built), shuffle=False)
     original = next(s["bin"] for s in intact if s["__key__"] == index.key(6))
     assert unchecked.sample(6)["bin"] != original  # the damaged bytes, handed out
+
+
+def test_an_index_read_again_after_leaving_the_cache_is_checked_again(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one index only, every shard's index is read again and again: the epoch
+    is the same, and an index swapped for another shard's after its first read (each passes
+    ``check_index`` on its own) is refused by its sha256, not trusted from the first check."""
+    import loader.read
+    from loader.order import SampleRange
+    from loader.read import ShardReader
+    from loader.source import Source
+    from shardprep.errors import ChecksumMismatchError
+
+    expected = [(s["__key__"], s["bin"]) for s in ShardDataset(str(built), seed=3)]
+    monkeypatch.setattr(loader.read, "INDEX_CACHE_BYTES", 1)
+    assert [(s["__key__"], s["bin"]) for s in ShardDataset(str(built), seed=3)] == expected
+    batches = list(ShardDataset(str(built), seed=3, batch_size=5))
+    assert [k for b in batches for k in b["__key__"].tolist()] == [k for k, _ in expected]
+
+    out = copy_output(built, tmp_path / "out")
+    source = Source(str(out))
+    reader = ShardReader(source, source.manifest())
+    try:
+        first = index_of(out, 0)
+        reader.read(SampleRange(0, 0, first.num_samples, False))
+        reader.read(SampleRange(1, 0, index_of(out, 1).num_samples, False))  # 0 leaves the cache
+        (out / "shard-00000.idx").write_bytes((out / "shard-00001.idx").read_bytes())
+        with pytest.raises(ChecksumMismatchError, match="shard-00000.idx"):
+            reader.read(SampleRange(0, 0, first.num_samples, False))
+    finally:
+        reader.close()
