@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+# torch's DataLoader worker loop seeds numpy.random in every worker it starts (every epoch,
+# unless persistent_workers): imported here, in the parent, the forked workers inherit it
+# instead of each importing it before its first batch (about 13 ms per worker measured).
+import numpy.random  # noqa: F401
 import torch.utils.data
 
 from loader.batch import POSITION
