@@ -167,15 +167,38 @@ class Carried(Window):
         return out
 
 
+def _regular(window: Window) -> tuple[int, list[str]] | None:
+    """(members per sample, field names) if every sample of ``window`` holds the same fields
+    in the same order, one member each; else None. Worked out once per window."""
+    cached: tuple[int, list[str]] | None | bool = window.__dict__.get("_layout", False)
+    if cached is not False:
+        return cached  # type: ignore[return-value]
+    layout: tuple[int, list[str]] | None = None
+    counts = window.end - window.begin
+    if len(counts) and not (counts != counts[0]).any():
+        width = int(counts[0])
+        fields = window.field[window.begin[:, None] + np.arange(width)]
+        first = fields[0]
+        if not (fields != first).any() and len(set(first.tolist())) == width:
+            layout = (width, [window.names[f] for f in first.tolist()])
+    window.__dict__["_layout"] = layout
+    return layout
+
+
 class _Fields:
     """A batch segment's members, one column per field; ``members`` None if irregular."""
 
     def __init__(self, window: Window, positions: IntArray) -> None:
+        self.members: IntArray | None = None
+        self.names: list[str] = []
+        layout = _regular(window)
+        if layout is not None and len(positions):  # the usual case: no per-batch checks
+            width, self.names = layout
+            self.members = window.begin[positions][:, None] + np.arange(width)
+            return
         begin, end = window.begin[positions], window.end[positions]
         counts = end - begin
         width = int(counts[0]) if len(counts) else 0
-        self.members: IntArray | None = None
-        self.names: list[str] = []
         if not len(counts) or (counts != width).any():
             return
         members = (begin[:, None] + np.arange(width)).reshape(len(positions), width)
