@@ -102,6 +102,9 @@ def _index_problem(index: ShardIndex, entry: ShardEntry, compressed: bool, num_c
             return f"{what} table is inconsistent" + (
                 f" at sample {int(bad[0])}" if len(bad) else ""
             )
+    problem = _key_text_problem(index)
+    if problem:
+        return problem
     # labels and the class histogram
     label = index.label
     if num_classes:
@@ -128,6 +131,35 @@ def _index_problem(index: ShardIndex, entry: ShardEntry, compressed: bool, num_c
     return _layout_problem(index, entry, starts) or (
         _frames_problem(index, entry) if compressed else _no_frames_problem(index)
     )
+
+
+def _key_text_problem(index: ShardIndex) -> str:
+    """Why a key is not text as the builder writes it (UTF-8, no NUL byte), or ``""``.
+
+    A key of the per-sample path is ``bytes.decode()``d and the batch path's is one NumPy
+    string array, which drops a NUL at a key's end: both would differ, or fail, on such a key.
+    The blob is UTF-8 and every key starts on a character (not on a continuation byte)
+    exactly when every key is UTF-8 on its own.
+    """
+    blob = index.key_blob
+    if not len(blob):
+        return ""
+    ends = index.key_end.astype(np.int64)
+
+    def owner(position: int) -> str:
+        return repr(_key(index, int(np.searchsorted(ends, position, side="right"))))
+
+    nul = np.flatnonzero(blob == 0)
+    if len(nul):
+        return f"sample {owner(int(nul[0]))}: its key holds a NUL byte"
+    try:
+        blob.tobytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"sample {owner(err.start)}: its key is not UTF-8"
+    inside = np.flatnonzero((blob[ends[:-1]] & 0xC0) == 0x80)  # a key starting mid-character
+    if len(inside):
+        return f"sample {owner(int(ends[int(inside[0])]))}: its key is not UTF-8"
+    return ""
 
 
 def _owner(starts: npt.NDArray[np.int64], member: int) -> int:

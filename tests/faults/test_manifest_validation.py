@@ -184,3 +184,47 @@ def test_old_format_outputs_are_refused_with_rebuild_advice(built: Path, tmp_pat
     out = copy_output(built, tmp_path / "out")
     edit_manifest_json(out, lambda m: m.__setitem__("version", 1))
     _refused(out, "manifest version 1 is not supported", "rebuild it")
+
+
+@pytest.mark.parametrize(
+    ("byte", "fragment"),
+    [(0x00, "its key holds a NUL byte"), (0xFF, "its key is not UTF-8")],
+)
+def test_a_key_that_is_not_text_is_refused_naming_the_sample(
+    built: Path, tmp_path: Path, byte: int, fragment: str
+) -> None:
+    """Both reading paths would hand such a key out differently (or fail without a name)."""
+    out = copy_output(built, tmp_path / "out")
+    index = index_of(out, 2)
+    victim = 3
+    at = int(index.key_end[victim]) - 1  # the key's last byte: its length, so the layout, stays
+
+    def edit(arrays: dict[str, Any]) -> None:
+        arrays["key_blob"] = arrays["key_blob"].copy()
+        arrays["key_blob"][at] = byte
+
+    rewrite_index(out, 2, edit)
+    named = (index.key(victim)[:-1].encode() + bytes([byte])).decode("utf-8", "replace")
+    for batch_size in (None, 4):
+        with pytest.raises(ManifestError) as info:
+            list(ShardDataset(str(out), shuffle=False, batch_size=batch_size))
+        assert "shard-00002.idx" in str(info.value)
+        assert f"sample {named!r}: {fragment}" in str(info.value)
+    assert fragment in "\n".join(verify_output(str(out)).problems)
+
+
+def test_a_key_starting_inside_a_character_is_refused(built: Path, tmp_path: Path) -> None:
+    """Moving a key boundary into a two-byte character: the blob stays UTF-8, the keys do not."""
+    out = copy_output(built, tmp_path / "out")
+    index = index_of(out, 0)
+    a, b = int(index.key_end[0]), int(index.key_end[1])  # key 1 is blob[a:b]
+
+    def edit(arrays: dict[str, Any]) -> None:
+        blob = arrays["key_blob"].copy()
+        blob[a - 1 : a + 1] = list("é".encode())  # key 0 ends with 0xC3, key 1 starts with 0xA9
+        arrays["key_blob"] = blob
+
+    assert b - a >= 2
+    rewrite_index(out, 0, edit)
+    with pytest.raises(ManifestError, match="its key is not UTF-8"):
+        list(ShardDataset(str(out), shuffle=False))
