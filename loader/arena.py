@@ -27,6 +27,14 @@ place to find them. Each entry names the worker's process id; whenever a new
 ring arrives, the rings of workers that have exited are dropped, so the table
 holds one ring per live worker (several DataLoaders at once included).
 
+On Linux the ring is a ``memfd`` (``os.memfd_create``) that torch wraps as a shared
+storage: its pages are allocated as they are first written. torch's own shared storage
+(``UntypedStorage._new_shared``) allocates every page of the segment up front, 0.3 ms per MiB
+here: 6 ms for the ``images`` benchmark's ring, on the way to every worker's first batch. A
+``memfd`` also lies outside ``/dev/shm``, so a container's small ``/dev/shm`` does not limit it;
+memory it cannot get is the out-of-memory handling of any allocation. The counter of released
+bytes lives in the ring's first page, so the first batch carries one file descriptor, not two.
+
 The hand-over relies on the processor not making the main process's counter
 update visible before the reads of the freed payload: true on x86-64 (total store order),
 not promised on ARM. ``RINGS`` is therefore False elsewhere, and batches are
@@ -57,6 +65,10 @@ MIN_BYTES = 8 << 20  # a ring holds at least this much
 # first (tests/unit/test_arena_ring.py). A payload that does not fit crosses in fresh shared
 # memory, 13-16x the cost of the ring on the `images` benchmark (docs/benchmarks-feeding.md).
 BATCHES = 5
+# The ring's first bytes hold its counter (see _counter); payloads start a page further, so
+# the counter the receiving process writes never shares a cache line with payload bytes.
+HEADER = 4096
+MEMFD = hasattr(os, "memfd_create")  # and torch's sharing strategy passes file descriptors
 
 
 class Ticket:
@@ -71,11 +83,11 @@ class Ticket:
         begin: int,
         size: int,
         consumed: int,
-        storage: tuple[torch.Tensor, torch.Tensor] | None,
+        storage: torch.Tensor | None,
     ) -> None:
         self.owner, self.ring = owner, ring
         self.begin, self.size, self.consumed = begin, size, consumed
-        self.storage = storage  # (ring bytes, released counter) in the ring's first ticket only
+        self.storage = storage  # the whole ring (counter included), in its first ticket only
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -92,7 +104,6 @@ class Arena:
         self.ring = uuid.uuid4().hex
         self._data: torch.Tensor | None = None
         self._view: memoryview | None = None
-        self._released: torch.Tensor | None = None
         self._allocated = 0  # bytes handed out so far, padding included
         self._announced = False
 
@@ -104,14 +115,10 @@ class Arena:
         """
         total = ends[-1]
         if self._data is None:
-            capacity = max(MIN_BYTES, BATCHES * total)
-            self._data = torch.empty(0, dtype=torch.uint8).new(
-                torch.UntypedStorage._new_shared(capacity)  # type: ignore[no-untyped-call]
-            )
-            self._view = memoryview(self._data.numpy())  # type: ignore[arg-type]
-            self._released = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-            self._counter = self._released.numpy()
-        assert self._view is not None and self._released is not None
+            self._data = _shared_bytes(HEADER + max(MIN_BYTES, BATCHES * total))
+            self._view = memoryview(self._data.numpy())[HEADER:]  # type: ignore[arg-type]
+            self._counter = _counter(self._data)
+        assert self._view is not None
         slot = ring_slot(self._allocated, int(self._counter[0]), len(self._view), total)
         if slot is None:
             return None  # the main process has not released enough yet
@@ -120,10 +127,30 @@ class Arena:
         for view, a, b in zip(views, ends[:-1], ends[1:], strict=True):
             out[begin + a : begin + b] = view
         self._allocated += consumed
-        storage = None if self._announced else (self._data, self._released)
+        storage = None if self._announced else self._data
         self._announced = True
         ticket = Ticket(self.owner, self.ring, begin, total, consumed, storage)
-        return self._data[begin : begin + total], ticket
+        return self._data[HEADER + begin : HEADER + begin + total], ticket
+
+
+def _shared_bytes(size: int) -> torch.Tensor:
+    """A zero-filled uint8 tensor of ``size`` bytes in shared memory, its pages made on first use."""
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    if MEMFD and strategy == "file_descriptor":
+        fd = os.memfd_create("shardprep-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+        finally:
+            os.close(fd)  # the storage holds its own duplicate
+    else:
+        storage = torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _counter(data: torch.Tensor) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The ring's count of bytes released by the receiving process: its first 8 bytes."""
+    return np.frombuffer(data.numpy(), dtype=np.int64, count=1)
 
 
 def ring_slot(allocated: int, released: int, capacity: int, size: int) -> tuple[int, int] | None:
@@ -144,12 +171,12 @@ def ring_slot(allocated: int, released: int, capacity: int, size: int) -> tuple[
 class _Ring:
     """A worker's ring as the receiving process sees it, and which of its bytes are in use."""
 
-    __slots__ = ("counter", "data", "lock", "owner", "pending", "released", "view")
+    __slots__ = ("counter", "data", "lock", "owner", "pending", "view")
 
-    def __init__(self, owner: int, data: torch.Tensor, released: torch.Tensor) -> None:
-        self.owner, self.data, self.released = owner, data, released  # kept: they own the memory
-        self.view = memoryview(data.numpy())  # type: ignore[arg-type]
-        self.counter = released.numpy()  # the worker reads it; only this process adds to it
+    def __init__(self, owner: int, data: torch.Tensor) -> None:
+        self.owner, self.data = owner, data  # kept: it owns the memory
+        self.view = memoryview(data.numpy())[HEADER:]  # type: ignore[arg-type]
+        self.counter = _counter(data)  # the worker reads it; only this process adds to it
         self.pending: deque[list[int]] = deque()  # [bytes, freed] per payload, oldest first
         self.lock = threading.Lock()  # payloads are freed in any thread, in any order
 
@@ -181,14 +208,14 @@ def _receive(
     begin: int,
     size: int,
     consumed: int,
-    storage: tuple[torch.Tensor, torch.Tensor] | None,
+    storage: torch.Tensor | None,
 ) -> torch.Tensor:
     """In the receiving process: the payload, lent from the ring until it is freed."""
     with _lock:
         if storage is not None:
             for stale in [k for k, r in _received.items() if not _alive(r.owner)]:
                 del _received[stale]  # its worker has exited: nothing will refer to it again
-            _received[ring] = _Ring(owner, *storage)
+            _received[ring] = _Ring(owner, storage)
         entry = _received.get(ring)
     if entry is None:
         raise RuntimeError(

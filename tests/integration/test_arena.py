@@ -5,6 +5,7 @@ wraps many times, under fork and spawn; and the main process keeps no ring of an
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -166,4 +167,46 @@ def test_batches_spanning_windows_cross_through_the_ring(
     )
     seen, ring, shared = _epochs(ds, loader, 2)
     assert shared == 0 and ring >= 8, (ring, shared)
+    assert seen == reference
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_the_ring_under_each_sharing_strategy(
+    big: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torch's default strategy the ring is a ``memfd`` (its pages made on first use, one
+    descriptor for ring and counter); under ``file_system`` it is torch's own shared storage.
+    Either way the bytes are the in-process ones, over epochs in which the ring wraps."""
+    reference = []
+    for epoch in range(2):
+        ds = ShardDataset(str(big), batch_size=32, seed=13)
+        ds.set_epoch(epoch)
+        reference.append(
+            [
+                (k, p)
+                for b in ds
+                for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
+            ]
+        )
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    try:
+        monkeypatch.setattr(arena, "MIN_BYTES", 0)  # 5 first batches: it wraps every epoch
+        arena._received.clear()
+        ds = ShardDataset(str(big), batch_size=32, seed=13)
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=None, num_workers=1, persistent_workers=True
+        )
+        seen, ring, shared = _epochs(ds, loader, 2)
+        (received,) = arena._received.values()
+        storage = received.data.untyped_storage()
+        if strategy == "file_descriptor" and arena.MEMFD:
+            fd, _ = storage._share_fd_cpu_()
+            assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:shardprep-ring")
+        else:
+            assert storage._share_filename_cpu_()  # torch's named segment
+        del loader, received, storage
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+    assert ring >= 8, (ring, shared)  # half the batches are over 1 MiB; 20 MiB through a 6 MiB ring
     assert seen == reference
