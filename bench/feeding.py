@@ -4,6 +4,7 @@
     python -m bench.feeding cpu     OUT [--epochs 3]
     python -m bench.feeding memory  OUT [--samples]
     python -m bench.feeding once    OUT [--workers 0] [--samples]
+    python -m bench.feeding bandwidth   [--workers 2]
 
 ``OUT`` is a shardprep build (e.g. /tmp/shardprep-bench/built/images-20000/shardprep-w1).
 ``rate``: samples/s and MB/s per epoch (wall) and samples per CPU-second of this process,
@@ -11,7 +12,12 @@ best epoch last; ``cpu``: CPU-seconds per GB of payload of the main process and 
 DataLoader worker (2 workers, persistent), from ``/proc/<pid>/stat``, for the last epoch;
 ``memory``: peak resident memory beyond ``import torch`` over one in-process epoch;
 ``once``: one epoch in this fresh process, timed from the dataset's construction (workers
-started inside it), as ``python -m bench load`` times it, for quick A/B runs of two trees.
+started inside it), as ``python -m bench load`` times it, for quick A/B runs of two trees;
+it also splits the epoch into its fixed costs (the first batch; the workers' exit after the
+last) and the rate in between. ``bandwidth``: what this machine's memory copies, in GB/s,
+from one process and from ``--workers`` processes copying at once (64 MiB arrays, larger
+than any cache): on a machine where K processes copy no more than one, K workers cannot
+deliver more bytes than one process, whatever the loader does.
 Compare two versions by running the same command with another tree first on ``PYTHONPATH``.
 Batch 64, shuffling on, seed 0; the batch path unless ``--samples``.
 """
@@ -99,17 +105,58 @@ def once(out: str, workers: int, samples: bool) -> None:
     t0 = time.perf_counter()
     ds, dl = _loader(out, workers, samples, persistent=False)  # the workers' exit is timed too
     n = nbytes = 0
-    ttfb = None
+    first = last = 0.0
+    first_bytes = 0
     for batch in dl:
-        if ttfb is None:
-            ttfb = time.perf_counter() - t0
         a, b = _payload_bytes(batch)
+        last = time.perf_counter() - t0
+        if not n:
+            first, first_bytes = last, b
         n, nbytes = n + a, nbytes + b
     wall = time.perf_counter() - t0
+    between = (nbytes - first_bytes) / max(last - first, 1e-9)
     print(
         f"workers {workers}: {n / wall:,.0f} samples/s, {nbytes / wall / 1e6:,.0f} MB/s "
-        f"(epoch {wall:.3f} s, first batch {ttfb or 0:.3f} s)"
+        f"(epoch {wall:.3f} s: first batch {first * 1e3:.1f} ms, then {between / 1e6:,.0f} MB/s, "
+        f"{(wall - last) * 1e3:.1f} ms after the last batch)"
     )
+
+
+def _copy_rate(barrier: Any, results: Any, size: int, rounds: int) -> None:
+    import numpy as np
+
+    src = np.ones(size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # page faults out of the timing
+    barrier.wait()
+    t = time.perf_counter()
+    for _ in range(rounds):
+        np.copyto(dst, src)
+    results.put(size * rounds / (time.perf_counter() - t))
+
+
+def bandwidth(workers: int, size: int = 64 << 20, rounds: int = 40) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for k in sorted({1, workers}):
+        barrier, results = ctx.Barrier(k), ctx.Queue()
+        procs = [
+            ctx.Process(target=_copy_rate, args=(barrier, results, size, rounds)) for _ in range(k)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            rates = [results.get(timeout=120) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+        print(
+            f"{k} process{'es' if k > 1 else ''} copying at once: {sum(rates) / 1e9:.1f} GB/s "
+            f"in all ({', '.join(f'{r / 1e9:.1f}' for r in rates)})"
+        )
 
 
 def _status(field: str) -> float:
@@ -132,12 +179,17 @@ def memory(out: str, samples: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.feeding", description=__doc__)
-    parser.add_argument("what", choices=["rate", "cpu", "memory", "once"])
-    parser.add_argument("out")
+    parser.add_argument("what", choices=["rate", "cpu", "memory", "once", "bandwidth"])
+    parser.add_argument("out", nargs="?", help="a shardprep build (all but bandwidth)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--samples", action="store_true", help="the per-sample path")
     args = parser.parse_args()
+    if args.what == "bandwidth":
+        bandwidth(max(args.workers, 2))
+        return
+    if args.out is None:
+        parser.error(f"{args.what} needs OUT, a shardprep build")
     if args.what == "rate":
         rate(args.out, args.epochs, args.workers, args.samples)
     elif args.what == "cpu":
