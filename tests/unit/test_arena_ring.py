@@ -78,3 +78,20 @@ def test_a_payload_that_fits_exactly_is_placed_and_one_byte_more_is_not() -> Non
     # the tail (25-29) is skipped; ring bytes 0-5 were handed out first, and must be released
     assert ring_slot(allocated=25, released=6, capacity=30, size=6) == (0, 11)
     assert ring_slot(allocated=25, released=5, capacity=30, size=6) is None
+
+
+def test_a_reservation_not_committed_is_given_up() -> None:
+    """A batch with a damaged member is not committed: the next reservation gets the same
+    bytes, and only committed payloads advance the ring (the receiver releases only those)."""
+    ring = arena.Arena()
+    first = ring.reserve(1000)
+    assert first is not None
+    again = ring.reserve(1000)
+    assert again is not None and again[:2] == first[:2] == (0, 1000)
+    tensor, ticket = ring.commit(0, 1000, 1000)
+    assert (ticket.begin, ticket.size, ticket.consumed) == (0, 1000, 1000)
+    assert ticket.storage is not None and tensor.numel() == 1000
+    following = ring.reserve(500)
+    assert following is not None and following[:2] == (1000, 500)
+    _, second = ring.commit(1000, 500, 500)
+    assert second.storage is None  # the ring itself crosses once, with the first payload
