@@ -46,13 +46,11 @@ def _epochs(ds: ShardDataset, loader: Any, epochs: int) -> tuple[list[list[Any]]
     return seen, ring, shared
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_ring_and_fresh_shared_memory_deliver_the_in_process_bytes(
-    big: Path, context: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _in_process(out: Path, epochs: int, **kwargs: Any) -> list[list[tuple[str, bytes]]]:
+    """Per epoch, (key, payload) of every batch made in process: what workers must deliver."""
     reference = []
-    for epoch in range(3):
-        ds = ShardDataset(str(big), batch_size=32, seed=3)
+    for epoch in range(epochs):
+        ds = ShardDataset(str(out), **kwargs)
         ds.set_epoch(epoch)
         reference.append(
             [
@@ -61,6 +59,14 @@ def test_ring_and_fresh_shared_memory_deliver_the_in_process_bytes(
                 for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
             ]
         )
+    return reference
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_ring_and_fresh_shared_memory_deliver_the_in_process_bytes(
+    big: Path, context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = _in_process(big, 3, batch_size=32, seed=3)
     # A ring of two first batches, and a consumer that lets the workers run ahead: the ring
     # wraps every other batch and is often full, so both ways across are taken.
     monkeypatch.setattr(arena, "MIN_BYTES", 0)
@@ -151,17 +157,7 @@ def test_batches_spanning_windows_cross_through_the_ring(
     spans windows, its earlier samples carried as copies (``assemble.Carried``); each still
     crosses through the ring (a ring with room for all of them), with the in-process bytes."""
     kwargs: dict[str, Any] = {"batch_size": 32, "seed": 11, "shuffle_buffer_bytes": 3 << 19}
-    reference = []
-    for epoch in range(2):
-        slow = ShardDataset(str(big), transform=lambda s: s, **kwargs)
-        slow.set_epoch(epoch)
-        reference.append(
-            [
-                (k, p)
-                for b in slow
-                for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
-            ]
-        )
+    reference = _in_process(big, 2, transform=lambda s: s, **kwargs)  # the per-sample path
     monkeypatch.setattr(arena, "MIN_BYTES", 64 << 20)
     ds = ShardDataset(str(big), **kwargs)
     loader = torch.utils.data.DataLoader(
@@ -179,17 +175,7 @@ def test_the_ring_under_each_sharing_strategy(
     """Under torch's default strategy the ring is a ``memfd`` (its pages made on first use, one
     descriptor for ring and counter); under ``file_system`` it is torch's own shared storage.
     Either way the bytes are the in-process ones, over epochs in which the ring wraps."""
-    reference = []
-    for epoch in range(2):
-        ds = ShardDataset(str(big), batch_size=32, seed=13)
-        ds.set_epoch(epoch)
-        reference.append(
-            [
-                (k, p)
-                for b in ds
-                for k, p in zip(b["__key__"].tolist(), b["bin"].tolist(), strict=True)
-            ]
-        )
+    reference = _in_process(big, 2, batch_size=32, seed=13)
     before = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy(strategy)
     try:
