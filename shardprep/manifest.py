@@ -23,10 +23,13 @@ from shardprep.shardformat import BLOCK, EOF_MARKER, MANIFEST_NAME, index_name, 
 
 __all__ = [
     "MANIFEST_VERSION",
+    "MAX_TAR_BYTES",
     "Manifest",
     "ShardEntry",
     "manifest_bytes",
     "manifest_from_records",
+    "max_index_bytes",
+    "max_shard_bytes",
     "read_manifest",
     "write_manifest",
 ]
@@ -38,6 +41,19 @@ MANIFEST_VERSION = 2  # 2: shards carry per-sample checksums (index version 2), 
 MAX_MANIFEST_BYTES = 256 << 20
 """Readers refuse a larger manifest.json (it is O(shards + classes): ~300 bytes per shard)."""
 COMPRESSIONS = ("none", "zstd")
+MAX_TAR_BYTES = 1 << 44
+"""No shard holds more than 16 TiB of tar (a manifest that says so is corrupt)."""
+INDEX_BASE_BYTES = 1 << 20
+"""An index's fixed part at most: magic, header length and its JSON header (extensions)."""
+INDEX_SAMPLE_BYTES = 1 << 16
+"""An index's bytes per sample at most, besides its members: 60 bytes of arrays, its key and
+its source path (64 KiB in all: a source path longer than ~60 KiB is not written)."""
+INDEX_MEMBER_SHARE = 16
+"""Each member takes 26 bytes of index and at least 512 bytes of tar (its header): an index's
+member arrays are at most tar_bytes / 16 bytes."""
+ZSTD_SLACK_BYTES = 1024
+"""A .tar.zst shard is at most tar_bytes + tar_bytes / 128 + this many bytes per frame (one
+frame per sample at most, plus the end marker's): zstd's worst-case expansion, with room."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -262,6 +278,39 @@ def _shard_entry(s: dict[str, Any]) -> ShardEntry:
     )
 
 
+def max_index_bytes(num_samples: int, tar_bytes: int) -> int:
+    """The largest sidecar index a shard of ``num_samples`` in ``tar_bytes`` of tar can have."""
+    return INDEX_BASE_BYTES + num_samples * INDEX_SAMPLE_BYTES + tar_bytes // INDEX_MEMBER_SHARE
+
+
+def max_shard_bytes(num_samples: int, tar_bytes: int, compression: str) -> int:
+    """The largest shard file that holds ``tar_bytes`` of tar (compressed as ``compression``)."""
+    if compression == "none":
+        return tar_bytes
+    return tar_bytes + tar_bytes // 128 + ZSTD_SLACK_BYTES * (num_samples + 2)
+
+
+def _size_problem(s: ShardEntry, compression: str) -> str:
+    """Which size field of ``s`` no shard can have (readers allocate by them), or ``""``."""
+    if s.tar_bytes > MAX_TAR_BYTES:
+        return f"tar_bytes {s.tar_bytes} is above the maximum {MAX_TAR_BYTES} (16 TiB)"
+    most = max_shard_bytes(s.num_samples, s.tar_bytes, compression)
+    if s.num_bytes > most:
+        return (
+            f"num_bytes {s.num_bytes} is above the maximum {most} for a {compression!r} shard "
+            f"of {s.tar_bytes} tar bytes"
+        )
+    if compression != "none" and s.num_bytes == 0:
+        return "num_bytes is 0; a .tar.zst shard is never empty"
+    most = max_index_bytes(s.num_samples, s.tar_bytes)
+    if not 16 <= s.index_bytes <= most:
+        return (
+            f"index_bytes {s.index_bytes} is outside 16..{most}, the sizes an index of "
+            f"{s.num_samples} samples in {s.tar_bytes} tar bytes can have"
+        )
+    return ""
+
+
 def _inconsistency(manifest: Manifest, totals: dict[str, Any]) -> str:
     """The first way ``manifest`` contradicts itself or its stated ``totals``, or ``""``."""
     compression = manifest.options.get("compression", "none")
@@ -287,6 +336,9 @@ def _inconsistency(manifest: Manifest, totals: dict[str, Any]) -> str:
             return f"{where}: tar_bytes {s.tar_bytes} is not a whole tar of 512-byte blocks"
         if compression == "none" and s.num_bytes != s.tar_bytes:
             return f"{where}: num_bytes {s.num_bytes} differs from tar_bytes {s.tar_bytes}"
+        size_problem = _size_problem(s, compression)
+        if size_problem:
+            return f"{where}: {size_problem}"
         if not (_SHA256.fullmatch(s.sha256) and _SHA256.fullmatch(s.index_sha256)):
             return f"{where}: sha256 or index_sha256 is not 64 lowercase hex digits"
     sums = [sum(s.class_counts[c] for s in manifest.shards) for c in range(num_classes)]
