@@ -23,7 +23,8 @@ def class_folder_names(root: str) -> list[str]:
     """Sorted non-hidden sub-folders of ``root``.
 
     Raises:
-        InputError: ``root`` also holds files (then it is not a class-folder layout).
+        InputError: ``root`` also holds files (then it is not a class-folder layout), or a
+            folder's name is not UTF-8 (it becomes a class name in manifest.json).
     """
     names: list[str] = []
     files: list[str] = []
@@ -38,7 +39,24 @@ def class_folder_names(root: str) -> list[str]:
             f"such as {sorted(files)[0]!r}; move them into a class folder or use --format keyed",
             path=root,
         )
+    for name in sorted(names):
+        _check_class_name(root, name)
     return sorted(names)
+
+
+def _check_class_name(root: str, name: str) -> None:
+    """Refuse a folder name that is not UTF-8: class names are written to manifest.json."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as err:
+        path = os.path.join(root, name)
+        raise InputError(
+            f"{os.fsencode(path)!r}: the class folder's name {os.fsencode(name)!r} is not "
+            "valid UTF-8, and class names are written to manifest.json as text; nothing was "
+            "written: rename the folder to a UTF-8 name (e.g. convmv -f latin1 -t utf8) and "
+            "run the same command again",
+            path=path,
+        ) from err
 
 
 OrderedMap = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
