@@ -316,7 +316,7 @@ def test_half_written_and_truncated_cache_files_are_never_read(
     ds = ShardDataset(uploaded["tar"], read=read)
     expected = samples(ShardDataset(str(built)))
     assert samples(ds) == expected
-    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    [folder] = [p for p in (tmp_path / "shardprep-cache").iterdir() if p.is_dir()]
     # a downloader killed mid-file left its .part; another file was cut short in place
     part = folder / f".shard-00001.tar.{os.getpid() + 100000}.0.part"
     part.write_bytes(b"\0" * 1000)
