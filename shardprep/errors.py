@@ -12,6 +12,7 @@ sample key involved and says what to do about it.
     │   └── DuplicateKeyError two inputs map to one sample key (.key, .paths)
     ├── PlanError             impossible request: N > samples, bad class weights
     ├── WriteError            writing a shard failed (.shard_index)
+    ├── WorkersDiedError      the engine's worker processes kept dying on one task (.task)
     ├── OutputError           the output folder, journal or manifest cannot be written (.path)
     ├── ManifestError         missing/unknown/invalid manifest or index (.path)
     │   └── ChecksumMismatchError  a file's sha256 differs (.path, .expected, .actual)
@@ -35,6 +36,7 @@ __all__ = [
     "OutputError",
     "PlanError",
     "ShardprepError",
+    "WorkersDiedError",
     "WriteError",
     "is_interrupt",
 ]
@@ -105,6 +107,18 @@ def stalled(shards: list[int], seconds: float) -> StalledError:
         "the same command with --resume (or raise --stall-timeout for very slow storage)",
         shards[0],
     )
+
+
+class WorkersDiedError(ShardprepError):
+    """The worker process running one task died on every attempt (killed: out of memory, a
+    crash), so the engine gave up; ``task`` names it (``"shard 3"``, ``"scan task 2"``)."""
+
+    def __init__(self, message: str, task: str) -> None:
+        super().__init__(message)
+        self.task = task
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (WorkersDiedError, (str(self), self.task))
 
 
 class OutputError(ShardprepError):

@@ -39,9 +39,10 @@ TRANSIENT_ERRNOS = frozenset(
 # a folder in which every write attempt appends ``<shard>`` to ``attempts``;
 # the file ``fail-<shard>`` makes the next write of that shard fail once with
 # a transient EIO (the file is removed when it fires), ``deny-<shard>`` makes
-# every write of it fail with EACCES (not transient), and ``hold-<shard>``
-# makes the write of that shard wait until the file is removed (at most
-# HOLD_LIMIT_S seconds).
+# every write of it fail with EACCES (not transient), ``crash-<shard>`` makes every
+# write of it end its own worker process at once (``os._exit``, as if the kernel's OOM
+# killer had struck), and ``hold-<shard>`` makes the write of that shard wait until the
+# file is removed (at most HOLD_LIMIT_S seconds).
 TEST_FAULTS_ENV = "SHARDPREP_TEST_FAULTS"
 HOLD_LIMIT_S = 120.0
 
@@ -85,6 +86,7 @@ def check_test_faults(shard: int) -> None:
 
     Raises:
         OSError: EIO, once per ``fail-<shard>`` file; EACCES while ``deny-<shard>`` exists.
+        (While ``crash-<shard>`` exists the process exits instead.)
         TimeoutError: ``hold-<shard>`` was not removed within ``HOLD_LIMIT_S`` s.
     """
     folder = os.environ.get(TEST_FAULTS_ENV)
@@ -92,6 +94,8 @@ def check_test_faults(shard: int) -> None:
         return
     with open(os.path.join(folder, "attempts"), "a", encoding="utf-8") as log:
         log.write(f"{shard}\n")
+    if os.path.exists(os.path.join(folder, f"crash-{shard}")):
+        os._exit(137)  # the worker dies as if SIGKILLed: no exception reaches Ray
     if os.path.exists(os.path.join(folder, f"deny-{shard}")):
         raise OSError(errno.EACCES, f"injected lasting failure of shard {shard} (test hook)")
     try:

@@ -12,7 +12,9 @@ the end (a local instance it started is shut down).
 * Retries are Ray's own: ``max_retries`` for a lost worker or node, and
   ``retry_exceptions=[TransientWriteError]`` for I/O errors that may pass
   (see :mod:`shardprep.engine.faults`). Any other error fails the build with
-  the task's own :class:`~shardprep.errors.ShardprepError`.
+  the task's own :class:`~shardprep.errors.ShardprepError`. A task whose worker
+  process died on every attempt (killed for memory, crashed) fails it with a
+  :class:`~shardprep.errors.WorkersDiedError` naming the shard or scan task.
 * Ctrl-C or a failure cancels every pending task (``ray.cancel(force=True)``)
   and waits for them before the exception propagates.
 
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
 from shardprep.engine.tasks import ShardTask, WriteContext
-from shardprep.errors import PlanError, ShardprepError, WriteError, stalled
+from shardprep.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
 from shardprep.write import ShardRecord
 
 if TYPE_CHECKING:
@@ -148,16 +150,16 @@ class RayEngine:
 
     def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """One Ray task per item, ``window`` in flight; results in item order."""
-        pending: deque[Any] = deque()
+        pending: deque[tuple[Any, int]] = deque()
         try:
-            for item in items:
-                pending.append(self._call.remote(fn, item))
+            for number, item in enumerate(items):
+                pending.append((self._call.remote(fn, item), number))
                 if len(pending) >= self.window:
-                    yield self._get(pending.popleft())
+                    yield self._get(*pending.popleft())
             while pending:
-                yield self._get(pending.popleft())
+                yield self._get(*pending.popleft())
         except BaseException:
-            self._cancel(list(pending))
+            self._cancel([ref for ref, _ in pending])
             raise
 
     def write_shards(
@@ -187,7 +189,7 @@ class RayEngine:
                     raise stalled(sorted(pending.values()), self.stall_timeout)
                 for ref in done:
                     shard = pending.pop(ref)
-                    record = self._get(ref)
+                    record = self._get(ref, shard=shard)
                     progress(context.shard_size(shard))
                     next_shard = next(queue, None)
                     if next_shard is not None:
@@ -199,8 +201,13 @@ class RayEngine:
             self._cancel(list(pending))
             raise
 
-    def _get(self, ref: Any) -> Any:
-        """The task's result; its ShardprepError is re-raised as itself (not wrapped by Ray)."""
+    def _get(self, ref: Any, scan_task: int = -1, shard: int = -1) -> Any:
+        """The task's result; its ShardprepError is re-raised as itself (not wrapped by Ray).
+
+        Raises:
+            WorkersDiedError: the task's worker died on every attempt (``shard`` or
+                ``scan_task`` names it).
+        """
         ray = self._ray
         while True:
             done, _ = ray.wait([ref], timeout=POLL_S)  # short waits: Ctrl-C is seen promptly
@@ -213,6 +220,8 @@ class RayEngine:
             if isinstance(cause, ShardprepError):
                 raise cause from err
             raise
+        except _worker_deaths(ray) as err:
+            raise _workers_died(err, scan_task, shard) from err
 
     def _cancel(self, refs: list[Any]) -> None:
         """Cancel ``refs`` (killing running ones) and wait until Ray has stopped them all."""
@@ -222,3 +231,37 @@ class RayEngine:
         for ref in refs:
             ray.cancel(ref, force=True)
         ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+
+
+def _worker_deaths(ray: Any) -> tuple[type[BaseException], ...]:
+    """Ray's errors for a task whose worker process (or node) died under it."""
+    names = (
+        "WorkerCrashedError",
+        "OutOfMemoryError",
+        "NodeDiedError",
+        "LocalRayletDiedError",
+        "ObjectLostError",
+    )
+    return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
+
+
+def _workers_died(err: BaseException, scan_task: int, shard: int) -> WorkersDiedError:
+    """The build's error for a task Ray gave up on after its workers died ``MAX_RETRIES + 1``
+    times; ``err`` is Ray's (its class name says how)."""
+    why = (
+        f"the Ray worker process running it died on each of its {MAX_RETRIES + 1} attempts "
+        f"({type(err).__name__}): Ray kills a worker whose node runs out of memory, and a "
+        "crash in native code ends one too (see the worker logs under /tmp/ray/session_latest/"
+        "logs)"
+    )
+    if shard >= 0:
+        return WorkersDiedError(
+            f"shard {shard}: {why}; the finished shards are kept: free memory or give Ray "
+            "fewer CPUs (--workers), then run the same command with --resume",
+            f"shard {shard}",
+        )
+    return WorkersDiedError(
+        f"scan task {scan_task}: {why}; nothing was written: free memory or give Ray fewer "
+        "CPUs (--workers), then run the same command again",
+        f"scan task {scan_task}",
+    )

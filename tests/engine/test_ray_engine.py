@@ -285,3 +285,34 @@ def test_a_hung_task_stops_the_build_after_the_stall_timeout(data: Data, cluster
         str(data.class_folders), str(out), shards=SHARDS, engine="ray", resume=True, progress=False
     )
     assert _files(out) == data.reference["folders"]
+
+
+def test_workers_that_keep_dying_fail_the_build_with_its_own_error(
+    data: Data, cluster: str
+) -> None:
+    """Issue 23 item 7.2: every attempt at shard 2 kills its own worker process (os._exit)."""
+    from tests.faults.helpers import error_lines, invoke
+
+    (data.faults / "attempts").unlink(missing_ok=True)
+    crash = data.faults / "crash-2"
+    crash.touch()
+    out = data.base / "folders-crashed"
+    try:
+        args = [str(data.class_folders), str(out), "-n", str(SHARDS), "--engine", "ray", "-q"]
+        result = invoke("build", *args)  # no traceback, one message
+    finally:
+        crash.unlink()
+    assert result.exit_code == 1, result.output
+    assert error_lines(result) == [
+        "Error: shard 2: the Ray worker process running it died on each of its 4 attempts "
+        "(WorkerCrashedError): Ray kills a worker whose node runs out of memory, and a crash "
+        "in native code ends one too (see the worker logs under /tmp/ray/session_latest/logs); "
+        "the finished shards are kept: free memory or give Ray fewer CPUs (--workers), then "
+        "run the same command with --resume"
+    ]
+    assert _attempts(data).count(2) == 4  # Ray's own retries (max_retries=3), then ours
+    assert not (out / "manifest.json").exists()
+    assert not list(out.glob(".*.partial"))
+    result = invoke("build", *args, "--resume")
+    assert result.exit_code == 0, result.output
+    assert _files(out) == data.reference["folders"]
