@@ -41,7 +41,7 @@ from loader.errors import UnreachableError
 from loader.order import SampleRange
 from loader.read import ShardReader
 from loader.shuffle import plan_windows
-from loader.source import BACKOFF_S, RETRIES, RemoteOptions, Source
+from loader.source import RemoteOptions, Source, worst_case_s
 from shardprep.manifest import Manifest
 
 __all__ = ["Group", "Read", "ReadAhead", "attach_read_ahead", "plan_groups", "planned_reads"]
@@ -49,7 +49,7 @@ __all__ = ["Group", "Read", "ReadAhead", "attach_read_ahead", "plan_groups", "pl
 log = logging.getLogger(__name__)
 
 INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
-MIN_RATE = 256 << 10  # bytes/s below which a transfer counts as stalled (wait deadlines)
+WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
 THREAD_NAME = "shardprep-read-ahead"
 
@@ -373,9 +373,7 @@ class ReadAhead:
 
     def _wait(self, job: _Job, name: str, size: int) -> Any:
         """``job``'s result within its deadline; its error re-raised as it is."""
-        options = self._options
-        timeout = RETRIES * (options.connect_timeout_s + options.read_timeout_s + size / MIN_RATE)
-        timeout += BACKOFF_S * 2**RETRIES
+        timeout = worst_case_s(self._options, size) + WAIT_SLACK_S
         if self._cache is not None:
             timeout += self._cache.lock_timeout_s
         if not job.done.wait(timeout):

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from loader.errors import CorruptShardError
+from loader.errors import CorruptShardError, UnreachableError
 from loader.order import SampleRange
 from loader.source import Source
 from shardprep.errors import ChecksumMismatchError, ManifestError
@@ -429,6 +429,7 @@ class ShardReader:
         Raises:
             ManifestError: the index is missing, corrupt, or does not describe its shard.
             ChecksumMismatchError: the index is not the one the manifest lists.
+            UnreachableError: the server holding a remote index could not be reached.
         """
         cached = self._indexes.get(shard)
         if cached is not None:
@@ -441,6 +442,8 @@ class ShardReader:
                 data = self.io.index_bytes(shard)
             else:
                 data = self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
+        except UnreachableError:
+            raise  # the server, not the index, failed: it names the URL itself
         except OSError as err:
             raise ManifestError(f"{where}: cannot read ({err})", where) from err
         actual = hashlib.sha256(data).hexdigest()

@@ -12,6 +12,15 @@ for a body cut short, botocore's connection errors, HTTP 408/429/5xx) is
 retried ``RETRIES`` times in all with exponential backoff; then
 :class:`~loader.errors.UnreachableError` names the URL. A missing file or a
 refused permission is not transient. Every read has a size bound.
+
+That is the only retry policy: for S3 the clients' own retries are set to one
+try (botocore ``total_max_attempts=1``, s3fs ``retries=1``; s3fs's default nests
+two loops of 5 tries, each of which botocore retried again), and each attempt
+of a ranged read has a total deadline (:func:`attempt_deadline_s`: connect +
+read timeout + size at ``MIN_RATE``) enforced on fsspec's event loop, which
+cancels the request. A server that accepts connections and never answers
+therefore fails within :func:`worst_case_s` (about 92 s with the defaults; at
+most 122 s when connecting is slow too).
 """
 
 from __future__ import annotations
@@ -29,11 +38,14 @@ from shardprep.errors import ManifestError
 from shardprep.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from shardprep.shardformat import MANIFEST_NAME
 
-__all__ = ["RemoteOptions", "Source", "is_transient"]
+__all__ = ["RemoteOptions", "Source", "attempt_deadline_s", "is_transient", "worst_case_s"]
 
 T = TypeVar("T")
-RETRIES = 3
-BACKOFF_S = 0.5
+RETRIES = 3  # attempts per read, in all
+BACKOFF_S = 0.5  # sleep before attempt k+1: BACKOFF_S * 2**(k-1) (0.5 s, 1 s)
+MIN_RATE = 256 << 10  # bytes/s: an attempt slower than this is cut (its total deadline)
+CLIENT_PAUSE_S = 0.2  # s3fs sleeps 0.1 s after a failed call, in each of its two nested loops
+_S3 = ("s3", "s3a")
 _NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 _TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
 _HTTP = ("http", "https")
@@ -46,10 +58,15 @@ class RemoteOptions:
     ``connect_timeout_s`` bounds opening a connection, ``read_timeout_s`` a
     wait for the next bytes of an answer (not a whole transfer). They become
     fsspec options (``client_kwargs={"timeout": aiohttp.ClientTimeout(...)}``
-    for http(s), ``config_kwargs`` for s3); other protocols keep their own.
-    Options in ``fsspec.config.conf`` for the protocol (or ``FSSPEC_*``
-    environment variables) replace these defaults, and ``storage_options``
-    replace both.
+    for http(s), ``config_kwargs`` for s3, with botocore's retries off:
+    ``"retries": {"total_max_attempts": 1, "mode": "standard"}``); other
+    protocols keep their own. Options in ``fsspec.config.conf`` for the
+    protocol (or ``FSSPEC_*`` environment variables) replace these defaults,
+    and ``storage_options`` replace both, one key deep
+    (``config_kwargs={"region_name": ...}`` keeps the timeouts). Whatever the
+    client's settings, one attempt of a ranged read is cut after
+    ``attempt_deadline_s`` (from these two timeouts), and a read makes
+    ``RETRIES`` attempts: see :func:`worst_case_s`.
 
     Read-ahead (``loader.prefetch``): each worker fetches the ranges it will
     read next, ``max_requests`` ranged requests of at most ``request_bytes``
@@ -83,6 +100,10 @@ class RemoteOptions:
             raise ValueError("cache_limit must be a positive number of bytes (or None: no limit)")
         if self.cache_limit is not None and self.cache_dir is None:
             raise ValueError("cache_limit needs a cache_dir")
+        if self.cache_dir is not None:
+            from loader.cache import check_cache_dir  # imported only when a cache is set
+
+            check_cache_dir(self.cache_dir)
 
 
 class Source:
@@ -108,10 +129,13 @@ class Source:
                 f"reading {self.root} needs fsspec: pip install 'shardprep[remote]'", self.root
             ) from err
         cls = fsspec.get_filesystem_class(self.protocol)
+        if self.protocol in _S3:
+            cls = _one_try_s3(cls)
         protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
-        configured = {key for p in protocols for key in fsspec.config.conf.get(p, {})}
-        defaults = {k: v for k, v in self._default_options().items() if k not in configured}
-        return fsspec.filesystem(self.protocol, **{**defaults, **self.options.storage_options})
+        options = self._default_options()
+        for p in protocols:
+            options = _merged(options, fsspec.config.conf.get(p, {}))
+        return cls(**_merged(options, self.options.storage_options))
 
     def _default_options(self) -> dict[str, Any]:
         connect, read = self.options.connect_timeout_s, self.options.read_timeout_s
@@ -122,8 +146,24 @@ class Source:
                 total=None, connect=connect, sock_connect=connect, sock_read=read
             )
             return {"client_kwargs": {"timeout": timeout}}
-        if self.protocol in ("s3", "s3a"):
-            return {"config_kwargs": {"connect_timeout": connect, "read_timeout": read}}
+        if self.protocol in _S3:
+            # one HTTP attempt per call: RETRIES in call() is the only retry policy
+            retries = {"total_max_attempts": 1, "mode": "standard"}
+            return {
+                "config_kwargs": {
+                    "connect_timeout": connect,
+                    "read_timeout": read,
+                    "retries": retries,
+                }
+            }
+        return {}
+
+    def _deadline(self, fs: Any, size: int) -> dict[str, float]:
+        """fsspec's ``timeout`` for one attempt of a ``size``-byte read, where fsspec takes one:
+        a blocking call of an async filesystem runs ``asyncio.wait_for`` on fsspec's loop, which
+        cancels the request (nothing is left waiting) and raises ``FSTimeoutError``."""
+        if getattr(fs, "async_impl", False) and not getattr(fs, "asynchronous", False):
+            return {"timeout": attempt_deadline_s(self.options, size)}
         return {}
 
     def open(self, name: str, size: int | None = None) -> BinaryIO:
@@ -154,7 +194,10 @@ class Source:
         def read() -> bytes:
             if self.remote:
                 # one ranged GET: no HEAD, and the answer is bounded
-                data: bytes = self._filesystem().cat_file(self.path(name), start=0, end=limit + 1)
+                fs = self._filesystem()
+                data: bytes = fs.cat_file(
+                    self.path(name), start=0, end=limit + 1, **self._deadline(fs, limit + 1)
+                )
                 return data
             with self.open(name) as f:
                 return f.read(limit + 1)
@@ -177,18 +220,19 @@ class Source:
             FileNotFoundError: the file does not exist.
             UnreachableError: the server kept failing (see :meth:`call`).
         """
-        path = self.path(name)
+        return self.call(lambda: self._cat(self._filesystem(), name, start, stop), name)
 
-        def read() -> bytes:
-            try:
-                data: bytes = self._filesystem().cat_file(path, start=start, end=stop)
-            except OSError as err:
-                if _past_the_end(err):
-                    return b""
-                raise
-            return data
-
-        return self.call(read, name)
+    def _cat(self, fs: Any, name: str, start: int, stop: int) -> bytes:
+        """One attempt at bytes ``[start, stop)`` of ``name`` (none past the end of the file)."""
+        try:
+            data: bytes = fs.cat_file(
+                self.path(name), start=start, end=stop, **self._deadline(fs, stop - start)
+            )
+        except OSError as err:
+            if _past_the_end(err):
+                return b""
+            raise
+        return data
 
     def fetch_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """``fetch(name, start, stop)`` for each range, concurrently where fsspec can
@@ -198,13 +242,18 @@ class Source:
         def read() -> list[bytes]:
             fs = self._filesystem()
             starts, stops = [a for a, _ in ranges], [b for _, b in ranges]
+            size = sum(b - a for a, b in ranges)  # fetched at once: they share the link
             try:
                 data: list[bytes] = fs.cat_ranges(
-                    [path] * len(ranges), starts, stops, on_error="raise"
+                    [path] * len(ranges),
+                    starts,
+                    stops,
+                    on_error="raise",
+                    **self._deadline(fs, size),
                 )
             except OSError as err:
                 if _past_the_end(err):  # the file is shorter than expected: range by range
-                    return [self.fetch(name, a, b) for a, b in ranges]
+                    return [self._cat(fs, name, a, b) for a, b in ranges]
                 raise
             return data
 
@@ -257,10 +306,53 @@ class Source:
                         time.monotonic() - started,
                         err,
                         f"connect timeout {self.options.connect_timeout_s:g} s, read timeout "
-                        f"{self.options.read_timeout_s:g} s",
+                        f"{self.options.read_timeout_s:g} s, {RETRIES} attempts",
                     ) from err
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError(f"unreachable: {name}")  # pragma: no cover
+
+
+def attempt_deadline_s(options: RemoteOptions, size: int) -> float:
+    """The longest one attempt at a ranged read of ``size`` bytes may take: connecting, the
+    first bytes, and the transfer at ``MIN_RATE``."""
+    return options.connect_timeout_s + options.read_timeout_s + size / MIN_RATE
+
+
+def worst_case_s(options: RemoteOptions, size: int = 0) -> float:
+    """The longest :meth:`Source.call` of a ``size``-byte ranged read takes before it returns or
+    raises ``UnreachableError``: ``RETRIES`` attempts (each within :func:`attempt_deadline_s`,
+    plus s3fs's pauses) and the backoff between them.
+
+    A server that accepts connections and never answers fails after ``RETRIES`` read
+    timeouts (plus backoff): with the defaults 3 x 30 + 1.5 = 91.5 s; this bound (121.5 s
+    plus pauses for ``size=0``) also covers a connect that takes the whole connect timeout.
+    """
+    backoff = sum(BACKOFF_S * 2.0**attempt for attempt in range(RETRIES - 1))
+    return RETRIES * (attempt_deadline_s(options, size) + CLIENT_PAUSE_S) + backoff
+
+
+def _merged(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` over ``defaults``, one level deep where both values are mappings."""
+    merged = dict(defaults)
+    for key, value in options.items():
+        base = merged.get(key)
+        if isinstance(base, Mapping) and isinstance(value, Mapping):
+            merged[key] = {**base, **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _one_try_s3(cls: Any) -> Any:
+    """s3fs's filesystem class with ``retries=1`` (``loader.s3client``), or ``cls`` itself when
+    another implementation is registered for ``s3://``."""
+    import s3fs
+
+    if cls is not s3fs.S3FileSystem:
+        return cls
+    from loader.s3client import OneTryS3FileSystem
+
+    return OneTryS3FileSystem
 
 
 def _past_the_end(err: OSError) -> bool:
