@@ -124,10 +124,17 @@ def parse_class_weights(
     """Target weight per class from ``balanced``, ``sqrt``, a JSON file, or ``cat=2,dog=1``.
 
     Raises:
-        PlanError: unknown class, negative or all-zero weights, a file that is
-            not a JSON mapping, or (inline) unnamed classes without ``allow_zero``.
+        PlanError: fewer than two classes with samples, unknown class, negative or
+            all-zero weights, a file that is not a JSON mapping, or (inline) unnamed
+            classes without ``allow_zero``.
     """
     present = np.array(counts, dtype=np.float64) > 0
+    if present.sum() < 2:
+        held = ", ".join(repr(class_names[c]) for c in np.flatnonzero(present)) or "none"
+        raise PlanError(
+            f"class weights need at least two classes with samples, and this data has one "
+            f"({held}): weighting would change nothing; leave out the class weights"
+        )
     if spec == "balanced":
         weights = present.astype(np.float64)
     elif spec == "sqrt":

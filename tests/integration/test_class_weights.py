@@ -385,6 +385,25 @@ def test_class_weights_on_unlabelled_data_is_a_usage_error(tmp_path: Path) -> No
         _build(raw, tmp_path / "api", shards=2, input_format="keyed", class_weights="balanced")
 
 
+@pytest.mark.parametrize("spec", ["balanced", "sqrt", "only=2"])
+def test_class_weights_on_one_class_are_a_usage_error(
+    make_class_folders: Callable[..., Path], tmp_path: Path, spec: str
+) -> None:
+    raw = make_class_folders({"only": 6})
+    result = _invoke(
+        "build", str(raw), str(tmp_path / "out"), "-n", "2", "-j", "1", "-q",
+        "--class-weights", spec,
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert (
+        "class weights need at least two classes with samples, and this data has one ('only'): "
+        "weighting would change nothing; leave out the class weights"
+    ) in result.output
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(PlanError, match="at least two"):
+        _build(raw, tmp_path / "api", shards=2, class_weights=spec)
+
+
 def test_a_copy_key_that_an_input_already_has_is_refused(
     make_class_folders: Callable[..., Path], tmp_path: Path
 ) -> None:
