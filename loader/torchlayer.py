@@ -24,6 +24,7 @@ from loader.elastic import Pass
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.guards import check_not_resplit
+from loader.lifeline import watch_trainer
 from loader.state import check_state
 from loader.stream import EpochStream
 from loader.world import World, resolve_rank, worker_info
@@ -121,6 +122,8 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> EpochStream:
         check_not_resplit()
         info = worker_info()  # None in the main process (num_workers=0)
+        if info is not None:
+            watch_trainer()  # this worker exits when its training process dies (loader.lifeline)
         worker, num_workers = info or (0, 1)
         rank, world_size = self._world()
         counter = None if info is None else worker

@@ -1,0 +1,143 @@
+"""A training process for tests/faults/test_orphans.py: starts DataLoader workers, then waits to die.
+
+``python -m tests.faults.orphan_job DATA START LOADER PERSISTENT REPORT`` iterates a
+ShardDataset over ``DATA`` with 2 workers started by ``START`` (fork, forkserver, spawn)
+through ``LOADER`` (``torch``: DataLoader, ``stateful``: torchdata's StatefulDataLoader,
+``lightning``: a Lightning ``Trainer.fit`` over a DataLoader). Once a batch from each worker
+has arrived it writes ``REPORT`` (JSON: its own pid, its workers' pids, every other
+process of its session) and blocks until the test kills it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from loader import ShardDataset
+
+WORKERS = 2
+
+
+def session_processes(sid: int, zombies: bool = True) -> list[int]:
+    """The pids of the processes in session ``sid``, from /proc.
+
+    A zombie (exited, its memory and descriptors freed, not yet reaped; this machine's
+    init reaps orphans about once a second) is left out with ``zombies=False``.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # it exited while we looked
+            continue
+        # Fields after the command name (which may hold spaces and parentheses): state, ppid,
+        # pgrp, session, ...
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid and (zombies or fields[0] != "Z"):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def report(path: Path, workers: list[int]) -> None:
+    """Write what the test needs to know, atomically (the test polls for the file)."""
+    me = os.getpid()
+    others = [p for p in session_processes(os.getsid(0)) if p != me]
+    text = json.dumps({"trainer": me, "workers": workers, "session": others})
+    part = path.with_suffix(".part")
+    part.write_text(text)
+    part.rename(path)
+
+
+def wait_to_be_killed() -> None:
+    threading.Event().wait()
+
+
+def plain(data: str, start: str, stateful: bool, persistent: bool, path: Path) -> None:
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        make: Any = StatefulDataLoader
+    else:
+        make = DataLoader
+    loader = make(
+        ShardDataset(data, batch_size=4),
+        batch_size=None,
+        num_workers=WORKERS,
+        multiprocessing_context=start,
+        persistent_workers=persistent,
+    )
+    batches = iter(loader)
+    for _ in range(WORKERS):  # one batch from each worker: all of them are iterating
+        next(batches)
+    report(path, [w.pid for w in batches._workers])
+    wait_to_be_killed()
+
+
+def lightning(data: str, start: str, persistent: bool, path: Path) -> None:
+    import lightning as L
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(
+                ShardDataset(data, batch_size=4),
+                batch_size=None,
+                num_workers=WORKERS,
+                multiprocessing_context=start,
+                persistent_workers=persistent,
+            )
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            if index == WORKERS - 1:
+                combined = self.trainer.fit_loop._combined_loader  # lightning's own
+                assert combined is not None
+                report(path, sorted(_loader_workers(combined._iterator)))
+                wait_to_be_killed()
+            return (self.weight - 1.0).pow(2).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Model())
+
+
+def _loader_workers(iterator: Any) -> list[int]:
+    """The worker pids of the DataLoader iterator(s) under Lightning's combined iterator."""
+    found: list[int] = []
+    for inner in getattr(iterator, "iterators", []):
+        found += [w.pid for w in getattr(inner, "_workers", [])]
+    return found
+
+
+def main(argv: list[str]) -> None:
+    data, start, kind, persistent, path = argv
+    torch.set_num_threads(1)
+    if kind == "lightning":
+        lightning(data, start, persistent == "1", Path(path))
+    else:
+        plain(data, start, kind == "stateful", persistent == "1", Path(path))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,137 @@
+"""A killed training process takes its DataLoader workers with it (loader.lifeline).
+
+Each case runs ``tests/faults/orphan_job.py`` in its own session: a trainer whose
+2 DataLoader workers have each delivered a batch. The test SIGKILLs the trainer
+alone, then every other process of that session (workers, fork server, resource
+tracker) must be gone within ``GONE_S``, and every ``/dev/shm`` name the
+session had open must be unlinked. Under ``forkserver`` torch's own parent check
+never fires (the workers' parent is the fork server): without the lifeline those
+cases leave everything running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults.orphan_job import WORKERS, session_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_S = 120.0  # the trainer's start: spawned workers import torch on a busy 2-core machine
+GONE_S = 5.0  # the lifeline takes 0.05-0.2 s here; torch's own check, 5 s plus the exit
+
+CASES = [
+    ("fork", "torch", "0"),
+    ("fork", "stateful", "1"),
+    ("forkserver", "torch", "1"),
+    ("forkserver", "stateful", "0"),
+    ("spawn", "torch", "0"),
+    ("spawn", "stateful", "1"),
+    ("forkserver", "lightning", "1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("start", "loader", "persistent"),
+    CASES,
+    ids=[f"{s}-{k}-{'persistent' if p == '1' else 'fresh'}" for s, k, p in CASES],
+)
+def test_workers_exit_when_the_trainer_is_killed(
+    built: Path, tmp_path: Path, start: str, loader: str, persistent: str
+) -> None:
+    report_path, log = tmp_path / "report.json", tmp_path / "trainer.log"
+    with log.open("wb") as sink:
+        trainer = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.orphan_job", str(built), start, loader,
+             persistent, str(report_path)],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+        )  # fmt: skip
+    session = trainer.pid  # the leader of its own session
+    names: set[str] = set()
+    try:
+        report = _wait_for_report(report_path, trainer, log)
+        workers = report["workers"]
+        assert len(workers) == WORKERS, report
+        assert set(workers) <= set(session_processes(session, zombies=False)), report
+        names = _shm_names([trainer.pid, *session_processes(session)])
+        if start != "fork":  # the queues' semaphores are named: the residue check bites
+            assert any(n.startswith("sem.") for n in names), names
+
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+        left = _wait_until_gone(session, GONE_S)
+        assert not left, (
+            f"{len(left)} processes of the killed trainer's session still run {GONE_S} s after "
+            f"its SIGKILL: {left}\n{log.read_text()[-3000:]}"
+        )
+        assert sorted(n for n in names if (Path("/dev/shm") / n).exists()) == []
+    finally:
+        _kill_session(session)
+        with contextlib.suppress(ProcessLookupError):
+            trainer.kill()
+        trainer.wait(timeout=30)
+        for name in names:  # the session's own names only: mapped by its processes
+            with contextlib.suppress(FileNotFoundError):
+                (Path("/dev/shm") / name).unlink()
+
+
+def _wait_for_report(path: Path, trainer: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + READY_S
+    while not path.exists():
+        assert trainer.poll() is None, f"the trainer exited early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no report in {READY_S} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def _shm_names(pids: list[int]) -> set[str]:
+    """The /dev/shm names (still linked) that processes ``pids`` have mapped."""
+    names = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+                if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                    names.add(path.removeprefix("/dev/shm/"))
+    return names
+
+
+def _wait_until_gone(session: int, within: float) -> dict[int, str]:
+    """Poll until no live process is left in ``session``; what is left after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        left = session_processes(session, zombies=False)
+        if not left or time.monotonic() > deadline:
+            return {pid: _command(pid) for pid in left}
+        time.sleep(0.02)
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "?"
+
+
+def _kill_session(session: int) -> None:
+    """SIGKILL every process left in ``session``, and wait (bounded) until none runs."""
+    deadline = time.monotonic() + 30
+    while left := session_processes(session, zombies=False):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert time.monotonic() < deadline, f"processes {left} survive SIGKILL"
+        time.sleep(0.02)
