@@ -5,7 +5,8 @@
 ``n_i = apportion(N, w)[i]`` samples (largest remainders), and every one of
 ``W`` ranks streams ``m_i = n_i // W`` of them per epoch: an epoch holds
 exactly ``W * m_i`` samples of source ``i`` (the ``n_i % W`` others are not
-streamed; ``uneven`` does not apply to mixtures).
+streamed; ``uneven`` does not apply to mixtures). ``N`` is at most ``2**53``
+(the apportionment is float64 arithmetic, exact up to there).
 
 **Which samples.** Source ``i`` (``T_i`` samples after its class weights) is
 read in *laps*: lap ``k`` is the source's own epoch order ``k`` (its seed,
@@ -29,7 +30,11 @@ size, the seed and the epoch; ``M = sum(m)``):
   ``apportion(M % B, m)``; each of the ``J = M // B`` full batches holds
   ``floor(q_i)`` or ``ceil(q_i)`` samples of source ``i``, where ``q_i`` is
   what remains of ``m_i`` divided by ``J`` (so within ±1 of its share of the
-  batch). Which batches carry the extra samples is a seeded permutation.
+  batch). The rows are laid out cyclically (row ``k`` holds the extra sample
+  of source ``i`` when ``(k - o_i) mod J < x_i``, ``x_i`` the source's extras
+  and ``o_i`` those of the sources before it), and batch ``j`` is row
+  ``(a j + s) mod J``: ``a`` an integer coprime with ``J`` near
+  ``0.618 J`` with small partial quotients (so the extras spread evenly), ``s`` seeded per epoch.
   Samples are shuffled inside each batch.
 * ``"per_source"``: every batch comes from one source; source ``i`` makes
   ``ceil(m_i / B)`` batches (``floor`` with ``drop_last``; only its last can
@@ -38,6 +43,14 @@ size, the seed and the epoch; ``M = sum(m)``):
   batches, source ``i`` has made ``t * b_i / sum(b)`` of them within ±1
   (``b_i`` its batches per epoch).
 
+**Memory and time.** Nothing here is a list as long as the epoch: a plan
+gives batch ``j`` (its per-source counts, and where each source's samples
+start) from ``O(sources)`` numbers: ``"mixed"`` in ``O(sources log J)`` time
+for any ``j`` (prefix counts of the affine layout are floor sums);
+``"per_source"`` by replaying the interleave's ``O(sources)`` counters up
+to ``j``. A batch's samples are found from its positions (laps, then the
+lap's block order, one order cached per source).
+
 Every rank streams the same number of samples and batches; batch ``j`` of a
 rank is made by worker slot ``j % K`` as in ``ShardDataset``, so resume works
 the same way (at the same world size and ``num_workers``).
@@ -45,7 +58,10 @@ the same way (at the same world size and ``num_workers``).
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -56,7 +72,6 @@ from loader.elastic import Pass
 from loader.errors import IncompatibleStateError
 from loader.npbatch import collate_numpy
 from loader.order import SampleRange
-from loader.partition import slice_order
 from loader.read import ShardReader
 from loader.state import STATE_VERSION
 from loader.world import World
@@ -65,7 +80,12 @@ from shardprep.weighting import apportion
 
 __all__ = [
     "BATCHINGS",
+    "MAX_SAMPLES_PER_EPOCH",
+    "MIX_PLAN_VERSION",
+    "MixedPlan",
     "MixedStream",
+    "PerSourcePlan",
+    "floor_sum",
     "lap_ranges",
     "mixed_batches",
     "per_source_batches",
@@ -74,6 +94,9 @@ __all__ = [
 
 BATCHINGS = ("mixed", "per_source")
 SOURCE = "__source__"  # the index of the source a sample came from, in every sample
+MAX_SAMPLES_PER_EPOCH = 2**53  # float64 integers are exact up to here (the apportionment)
+MIX_PLAN_VERSION = 2  # 2: "mixed" batches in the affine order (1: a stored seeded permutation)
+_GOLDEN = (math.sqrt(5) - 1) / 2
 
 Collate = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Any]
 
@@ -82,73 +105,223 @@ def source_counts(total: int, weights: Sequence[float], world_size: int) -> list
     """Samples of each source every rank streams per epoch: ``apportion(total, w)[i] // W``."""
     shares = np.asarray(weights, dtype=np.float64)
     shares = shares / shares.sum()
-    return [int(n) // world_size for n in apportion(total, shares)]
+    given = apportion(total, shares)
+    if int(given.sum()) != total or (given < 0).any():  # only past float64's exact integers
+        raise ValueError(
+            f"cannot split {total} samples by the weights {list(weights)} exactly: give "
+            f"samples_per_epoch of at most {MAX_SAMPLES_PER_EPOCH}"
+        )
+    return [int(n) // world_size for n in given]
 
 
-def lap_ranges(size: int, count: int, epoch: int) -> list[tuple[int, int, int]]:
-    """(lap, start, stop) of the ``count`` positions a source of ``size`` gives epoch ``epoch``."""
-    if count == 0:
+def lap_ranges(
+    size: int, count: int, epoch: int, begin: int = 0, stop: int | None = None
+) -> list[tuple[int, int, int]]:
+    """(lap, start, stop) of positions ``[begin, stop)`` of the ``count`` a source gives ``epoch``.
+
+    ``size`` is the source's samples per lap; by default all ``count`` positions.
+    The list holds only the laps the window touches.
+    """
+    stop = count if stop is None else stop
+    if begin >= stop:
         return []
     if count <= size:
         per_lap = size // count
         start = (epoch % per_lap) * count
-        return [(epoch // per_lap, start, start + count)]
-    whole, part = divmod(count, size)
-    first = epoch * (whole + 1)
-    laps = [(first + k, 0, size) for k in range(whole)]
-    return laps + ([(first + whole, 0, part)] if part else [])
+        return [(epoch // per_lap, start + begin, start + stop)]
+    first = epoch * (count // size + 1)
+    return [
+        (first + k, max(begin - k * size, 0), min(stop - k * size, size))
+        for k in range(begin // size, (stop - 1) // size + 1)
+    ]
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """``sum(floor((a * i + b) / m) for i in range(n))`` in ``O(log m)`` steps (``m > 0``)."""
+    total = 0
+    while n > 0:
+        q, a = divmod(a, m)
+        total += q * (n * (n - 1) // 2)
+        q, b = divmod(b, m)
+        total += q * n
+        top = a * n + b
+        if top < m:
+            break
+        n, b, m, a = top // m, top % m, a, m
+    return total
+
+
+class MixedPlan:
+    """The ``"mixed"`` batch plan of one epoch, batch by batch in ``O(sources)`` memory.
+
+    ``len(plan)`` batches; ``plan.row(j)`` the samples of each source in batch
+    ``j``; ``plan.starts(j)`` where batch ``j``'s samples of each source start
+    in the rank's sequence of that source (``sum`` of the rows before ``j``).
+    """
+
+    def __init__(
+        self, counts: Sequence[int], batch_size: int, drop_last: bool, seed: int, epoch: int
+    ) -> None:
+        self.counts = [int(c) for c in counts]
+        total = sum(self.counts)
+        self.full, rest = divmod(total, batch_size)
+        shares = np.asarray(self.counts, dtype=np.float64) / max(1, total)
+        zeros = [0] * len(self.counts)
+        self.last = [int(v) for v in apportion(rest, shares)] if rest else zeros
+        self.partial = bool(rest) and not drop_last
+        left = [c - v for c, v in zip(self.counts, self.last, strict=True)]
+        full = max(1, self.full)
+        self.base = [v // full for v in left] if self.full else zeros
+        self.extra = [v % full for v in left] if self.full else zeros
+        # Cyclic layout: source i's extras in rows o_i, o_i + 1, ... (mod J), o_i those before it.
+        self.first_row = [sum(self.extra[:i]) % full for i in range(len(self.counts))]
+        self.step = _spread_step(full)
+        self.shift = int(derive_rng(seed, "mix-batches-affine", epoch).integers(full))
+
+    def __len__(self) -> int:
+        return self.full + int(self.partial)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (self.row(j) for j in range(len(self)))
+
+    def _check(self, j: int, stop: int) -> None:
+        if not 0 <= j < stop:
+            raise IndexError(f"batch {j} of a plan of {len(self)} batches")
+
+    def row(self, j: int) -> list[int]:
+        """Samples of each source in batch ``j``."""
+        self._check(j, len(self))
+        if j == self.full:
+            return list(self.last)
+        k = (self.step * j + self.shift) % self.full  # the cyclic layout's row
+        return [
+            b + int((k - o) % self.full < x)
+            for b, x, o in zip(self.base, self.extra, self.first_row, strict=True)
+        ]
+
+    def starts(self, j: int) -> list[int]:
+        """Samples of each source in the batches before ``j`` (``0 <= j <= len``)."""
+        self._check(j, len(self) + 1)
+        full = min(j, self.full)  # the partial batch starts where the full ones end
+        after = j > self.full  # past the partial batch too
+        return [
+            full * b + self._extras_before(full, x, o) + (v if after else 0)
+            for b, x, o, v in zip(self.base, self.extra, self.first_row, self.last, strict=True)
+        ]
+
+    def _extras_before(self, j: int, extra: int, first_row: int) -> int:
+        """Batches ``< j`` holding an extra sample: ``(a j' + s - o) mod J < x`` counted."""
+        if not extra:
+            return 0
+        # [y mod J < x] = floor(y / J) - floor((y - x) / J) for 0 <= x <= J
+        offset = (self.shift - first_row) % self.full
+        return floor_sum(j, self.full, self.step, offset) - floor_sum(
+            j, self.full, self.step, offset - extra
+        )
+
+    def batches(self, first: int, step: int) -> Iterator[tuple[int, list[int], list[int]]]:
+        """(j, row, starts) of batches ``first, first + step, ...``."""
+        for j in range(first, len(self), step):
+            yield j, self.row(j), self.starts(j)
+
+
+class PerSourcePlan:
+    """The ``"per_source"`` batch plan of one epoch, in ``O(sources)`` memory.
+
+    Batch ``j`` needs the interleave's counters at ``j``: they are replayed
+    (``O(j * sources)`` integer steps, no list), so ``batches(first, ...)``
+    costs about a microsecond per source for each batch before ``first``.
+    """
+
+    def __init__(
+        self, counts: Sequence[int], batch_size: int, drop_last: bool, seed: int, epoch: int
+    ) -> None:
+        self.counts = [int(c) for c in counts]
+        self.batch_size = batch_size
+        self.made = [c // batch_size + int(c % batch_size > 0 and not drop_last) for c in counts]
+        self.priority = derive_rng(seed, "mix-sources", epoch).permutation(len(counts)).tolist()
+
+    def __len__(self) -> int:
+        return sum(self.made)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (row for _, row, _ in self.batches(0, 1))
+
+    def sources(self) -> Iterator[int]:
+        """The source of each batch, in order: largest deficit first, ties by seeded priority.
+
+        Batch ``t`` (from 1) goes to the source with the largest ``t * b_i - seen_i * sum(b)``.
+        """
+        made, priority = self.made, self.priority
+        total = len(self)
+        seen = [0] * len(made)
+        for t in range(1, total + 1):
+            best, best_key = -1, 0
+            for i, want in enumerate(made):
+                if seen[i] < want:
+                    key = t * want - seen[i] * total
+                    if (
+                        best < 0
+                        or key > best_key
+                        or (key == best_key and priority[i] < priority[best])
+                    ):
+                        best, best_key = i, key
+            seen[best] += 1
+            yield best
+
+    def batches(self, first: int, step: int) -> Iterator[tuple[int, list[int], list[int]]]:
+        """(j, row, starts) of batches ``first, first + step, ...``."""
+        size = self.batch_size
+        seen = [0] * len(self.made)
+        for j, i in enumerate(self.sources()):
+            if j >= first and (j - first) % step == 0:
+                row = [0] * len(self.made)
+                row[i] = min(size, self.counts[i] - seen[i] * size)
+                yield j, row, [k * size for k in seen]
+            seen[i] += 1
 
 
 def mixed_batches(
     counts: Sequence[int], batch_size: int, drop_last: bool, seed: int, epoch: int
-) -> list[list[int]]:
+) -> MixedPlan:
     """Samples of each source in each batch of a rank (mixed batches; see the module doc)."""
-    total = sum(counts)
-    full, rest = divmod(total, batch_size)
-    shares = np.asarray(counts, dtype=np.float64) / max(1, total)
-    last = [int(v) for v in apportion(rest, shares)] if rest else [0] * len(counts)
-    plan: list[list[int]] = []
-    if full:
-        left = [c - v for c, v in zip(counts, last, strict=True)]
-        base = [v // full for v in left]
-        plan = [list(base) for _ in range(full)]
-        row = 0
-        for i, v in enumerate(left):  # the extras, laid out cyclically: one per batch per source
-            for _ in range(v % full):
-                plan[row % full][i] += 1
-                row += 1
-        permutation = derive_rng(seed, "mix-batches", epoch).permutation(full)
-        plan = [plan[j] for j in permutation]
-    if rest and not drop_last:
-        plan.append(last)
-    return plan
+    return MixedPlan(counts, batch_size, drop_last, seed, epoch)
 
 
 def per_source_batches(
     counts: Sequence[int], batch_size: int, drop_last: bool, seed: int, epoch: int
-) -> list[list[int]]:
+) -> PerSourcePlan:
     """Batches of one source each, interleaved in proportion (see the module doc)."""
-    sizes: list[list[int]] = []
-    for count in counts:
-        full, rest = divmod(count, batch_size)
-        sizes.append([batch_size] * full + ([rest] if rest and not drop_last else []))
-    # Largest deficit first: batch t goes to the source furthest behind its share of t
-    # (exact integers; ties by a seeded order of the sources).
-    made = [len(batches) for batches in sizes]
-    total = sum(made)
-    priority = derive_rng(seed, "mix-sources", epoch).permutation(len(counts)).tolist()
-    seen = [0] * len(counts)
-    plan: list[list[int]] = []
-    for t in range(1, total + 1):
-        i = max(
-            (i for i in range(len(counts)) if seen[i] < made[i]),
-            key=lambda i: (t * made[i] - seen[i] * total, -priority[i]),
-        )
-        row = [0] * len(counts)
-        row[i] = sizes[i][seen[i]]
-        seen[i] += 1
-        plan.append(row)
-    return plan
+    return PerSourcePlan(counts, batch_size, drop_last, seed, epoch)
+
+
+def _spread_step(modulus: int) -> int:
+    """A multiplier ``a`` coprime with ``modulus`` near ``0.618 modulus`` whose batches spread evenly.
+
+    ``j -> a j mod J`` visits a cyclic interval of rows at an even rate when
+    ``a / J`` has small partial quotients (golden-ratio-like): of the 128
+    integers nearest ``0.618 J``, the coprime one with the smallest largest
+    partial quotient (then the nearest) is taken.
+    """
+    target = round(_GOLDEN * modulus)
+    best: tuple[tuple[int, int], int] | None = None
+    for distance in range(64):
+        for value in (target - distance, target + distance):
+            if 1 <= value < modulus and math.gcd(value, modulus) == 1:
+                key = (_largest_quotient(value, modulus), distance)
+                if best is None or key < best[0]:
+                    best = (key, value)
+    return 1 if best is None else best[1]
+
+
+def _largest_quotient(numerator: int, denominator: int) -> int:
+    """The largest partial quotient of the continued fraction of ``denominator / numerator``."""
+    largest = 0
+    while numerator:
+        quotient, rest = divmod(denominator, numerator)
+        largest = max(largest, quotient)
+        denominator, numerator = numerator, rest
+    return largest
 
 
 class MixedStream:
@@ -158,12 +331,18 @@ class MixedStream:
         sources: output paths, or ``ShardStream`` objects (without a batch
             size) to set a source's own options: ``class_weights``, ``decode``,
             ``transform``, ``seed``, ``shuffle``, ``block_size``, ``read``.
-        weights: one non-negative weight per source (normalized here).
+        weights: one finite, non-negative weight per source, not all zero
+            (normalized here).
         batch_size: samples per batch (mixing always makes batches).
-        samples_per_epoch: ``N``; default: the sources' totals added up.
+        samples_per_epoch: ``N`` (at most ``2**53``); default: the sources'
+            totals added up.
         batching: ``"mixed"`` or ``"per_source"`` (see the module doc).
         drop_last: leave out each rank's last partial batch(es).
         seed: seeds the batch plan and the shuffle inside each batch.
+
+    Raises:
+        ValueError: a weight that is negative, infinite or not a number (the
+            message names it), weights all zero, or another bad argument.
     """
 
     collate: Collate = staticmethod(collate_numpy)
@@ -181,25 +360,25 @@ class MixedStream:
     ) -> None:
         if not sources or len(weights) != len(sources):
             raise ValueError(f"give one weight per source: {len(sources)} sources, {len(weights)}")
-        if any(w < 0 for w in weights) or not sum(weights) > 0:
-            raise ValueError(f"weights must be non-negative with a positive sum, not {weights}")
+        self.weights = _check_weights(weights)
         if isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {BATCHINGS}, not {batching!r}")
+        if samples_per_epoch is not None:
+            samples_per_epoch = _check_samples(samples_per_epoch)
         self.sources = [s if isinstance(s, ShardStream) else ShardStream(s) for s in sources]
         for i, source in enumerate(self.sources):
             if source.batch_size is not None:
                 raise ValueError(f"source {i} has a batch_size: give it to the mixture instead")
-            if source.total == 0 and weights[i] > 0:
+            if source.total == 0 and self.weights[i] > 0:
                 raise ValueError(f"source {i} ({source.source}) has no samples but weight > 0")
-        self.weights = [float(w) for w in weights]
         self.batch_size, self.drop_last, self.seed = batch_size, drop_last, seed
         self.batching = batching
         totals = [s.total for s in self.sources]
-        self.samples_per_epoch = sum(totals) if samples_per_epoch is None else samples_per_epoch
-        if self.samples_per_epoch < 0:
-            raise ValueError(f"samples_per_epoch must be non-negative, not {samples_per_epoch}")
+        self.samples_per_epoch = _check_samples(
+            sum(totals) if samples_per_epoch is None else samples_per_epoch
+        )
 
     # --- counts ------------------------------------------------------------------------
 
@@ -207,16 +386,15 @@ class MixedStream:
         """Samples of each source every rank streams per epoch (``m_i``)."""
         return source_counts(self.samples_per_epoch, self.weights, world_size)
 
-    def epoch_counts(self, world_size: int) -> list[int]:
-        """Samples of each source the whole epoch holds (``W * m_i``), ``drop_last`` aside."""
-        return [world_size * m for m in self.counts(world_size)]
-
     def samples_per_rank(self, world_size: int) -> int:
         """Samples every rank receives per epoch (before ``drop_last``)."""
         return sum(self.counts(world_size))
 
-    def plan(self, epoch: int, world_size: int) -> list[list[int]]:
-        """Samples of each source in each batch of a rank's epoch (the same on every rank)."""
+    def plan(self, epoch: int, world_size: int) -> MixedPlan | PerSourcePlan:
+        """A rank's batch plan of ``epoch`` (the same on every rank), computed batch by batch.
+
+        ``list(plan)`` gives one row of per-source counts per batch (for small epochs).
+        """
         make = mixed_batches if self.batching == "mixed" else per_source_batches
         return make(self.counts(world_size), self.batch_size, self.drop_last, self.seed, epoch)
 
@@ -256,22 +434,22 @@ class MixedStream:
         _refuse_elastic(history)
         plan = self.plan(epoch, world.world_size)
         counts = self.counts(world.world_size)
-        offsets = np.zeros((len(plan) + 1, len(counts)), dtype=np.int64)
-        if plan:
-            np.cumsum(np.asarray(plan, dtype=np.int64), axis=0, out=offsets[1:])
+        cursors = [
+            _SourceCursor(s, epoch, world.world_size * m, world.rank * m)
+            for s, m in zip(self.sources, counts, strict=True)
+        ]
         readers = [_LapReader(s) for s in self.sources]
         decoders = [make_decoder(s.decode, s.allow_pickle) for s in self.sources]
-        ranges = [self._rank_ranges(i, epoch, world, count) for i, count in enumerate(counts)]
+        first = world.worker + skip * world.num_workers
         try:
-            for j in range(world.worker + skip * world.num_workers, len(plan), world.num_workers):
+            for j, row, starts in plan.batches(first, world.num_workers):
                 samples: list[Any] = []
-                for i, take in enumerate(plan[j]):
+                for i, take in enumerate(row):
                     if not take:
                         continue
-                    begin = int(offsets[j][i])
-                    for lap, piece in _slice_laps(ranges[i], begin, begin + take):
+                    decoder, transform = decoders[i], self.sources[i].transform
+                    for lap, piece in cursors[i].pieces(starts[i], starts[i] + take):
                         chunk = readers[i].read(lap, piece)
-                        decoder, transform = decoders[i], self.sources[i].transform
                         for k in range(len(chunk)):
                             sample = chunk.sample(k)
                             sample[SOURCE] = i
@@ -287,30 +465,13 @@ class MixedStream:
             for reader in readers:
                 reader.close()
 
-    def _rank_ranges(
-        self, i: int, epoch: int, world: World, count: int
-    ) -> list[tuple[int, SampleRange]]:
-        """(lap, range) pieces of source ``i`` this rank streams in ``epoch``, in order."""
-        source = self.sources[i]
-        begin, stop = world.rank * count, (world.rank + 1) * count
-        pieces: list[tuple[int, SampleRange]] = []
-        position = 0
-        for lap, first, last in lap_ranges(source.total, world.world_size * count, epoch):
-            lo, hi = max(first, begin - position + first), min(last, stop - position + first)
-            if lo < hi:
-                order = source.order(lap)
-                pieces += [(lap, p) for p in slice_order(order, source.total, lo, hi)]
-            position += last - first
-            if position >= stop:
-                break
-        return pieces
-
     # --- resume -------------------------------------------------------------------------
 
     def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
         """The options a resume state must share with this run (they fix the order)."""
         return {
             "version": STATE_VERSION,
+            "mix_plan": MIX_PLAN_VERSION,
             "sources": [
                 {k: v for k, v in s.options_fingerprint(0, 0).items() if k not in _PER_RUN}
                 for s in self.sources
@@ -329,6 +490,49 @@ class MixedStream:
 _PER_RUN = ("version", "world_size", "num_workers", "batch_size", "drop_last", "uneven")
 
 
+def _check_weights(weights: Sequence[float]) -> list[float]:
+    """The weights as floats.
+
+    Raises:
+        ValueError: one is negative, infinite or not a number (named), or all are zero.
+    """
+    values = []
+    for i, weight in enumerate(weights):
+        try:
+            value = float(weight)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(weight, bool) or not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"weight {i} of the mixture is {weight!r}: every weight must be a finite, "
+                f"non-negative number (weights {list(weights)})"
+            )
+        values.append(value)
+    if not sum(values) > 0:
+        raise ValueError(f"the weights {list(weights)} are all zero: give a source a positive one")
+    if not math.isfinite(sum(values)):
+        raise ValueError(f"the weights {list(weights)} add up past float64: scale them down")
+    return values
+
+
+def _check_samples(value: object) -> int:
+    """``samples_per_epoch`` as an int.
+
+    Raises:
+        ValueError: not a whole number, negative or past ``MAX_SAMPLES_PER_EPOCH``.
+    """
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"samples_per_epoch must be a whole number, not {value!r}")
+    if not 0 <= value <= MAX_SAMPLES_PER_EPOCH:
+        raise ValueError(
+            f"samples_per_epoch must be between 0 and 2**53 = {MAX_SAMPLES_PER_EPOCH} (the "
+            f"mixture's counts are float64 arithmetic, exact up to there), not {value}"
+        )
+    return int(value)
+
+
 def _refuse_elastic(history: Sequence[Pass]) -> None:
     if history:
         raise IncompatibleStateError(
@@ -338,20 +542,39 @@ def _refuse_elastic(history: Sequence[Pass]) -> None:
         )
 
 
-def _slice_laps(
-    pieces: Sequence[tuple[int, SampleRange]], begin: int, stop: int
-) -> Iterator[tuple[int, SampleRange]]:
-    """Positions ``[begin, stop)`` of a list of (lap, range) pieces."""
-    position = 0
-    for lap, piece in pieces:
-        size = len(piece)
-        lo, hi = max(begin, position), min(stop, position + size)
-        if lo < hi:
-            first = piece.start + lo - position
-            yield lap, SampleRange(piece.shard, first, first + hi - lo)
-        position += size
-        if position >= stop:
-            return
+class _SourceCursor:
+    """Where a rank's positions of one source lie: (lap, range) pieces, one lap's order cached."""
+
+    def __init__(self, source: ShardStream, epoch: int, per_epoch: int, offset: int) -> None:
+        self._source, self._epoch = source, epoch
+        self._per_epoch, self._offset = per_epoch, offset  # the epoch's count; the rank's first
+        self._lap: int | None = None
+        self._order: list[SampleRange] = []
+        self._ends: list[int] = []  # the lap's position after each block
+
+    def pieces(self, begin: int, stop: int) -> Iterator[tuple[int, SampleRange]]:
+        """Positions ``[begin, stop)`` of the rank's sequence of this source, as (lap, range)."""
+        for lap, lo, hi in lap_ranges(
+            self._source.total, self._per_epoch, self._epoch, self._offset + begin,
+            self._offset + stop,
+        ):  # fmt: skip
+            yield from ((lap, piece) for piece in self._slice(lap, lo, hi))
+
+    def _slice(self, lap: int, lo: int, hi: int) -> Iterator[SampleRange]:
+        """Positions ``[lo, hi)`` of lap ``lap``'s block order."""
+        if lap != self._lap:
+            self._order = self._source.order(lap)
+            self._ends = list(accumulate(len(block) for block in self._order))
+            self._lap = lap
+        b = bisect_right(self._ends, lo)  # the block holding position lo
+        while lo < hi:
+            block = self._order[b]
+            first = block.start + lo - (self._ends[b] - len(block))
+            take = min(block.stop - first, hi - lo)
+            if take > 0:
+                yield SampleRange(block.shard, first, first + take)
+                lo += take
+            b += 1
 
 
 class _LapReader:
