@@ -132,6 +132,8 @@ def check_cache_dir(cache_dir: object) -> None:
             ``shardprep-cache`` entry is a file, a folder of files that is not a
             shardprep cache, or a cache of another layout (the message says what to do).
     """
+    if isinstance(cache_dir, os.PathLike):
+        cache_dir = os.fspath(cache_dir)
     if not isinstance(cache_dir, str):
         raise ValueError(f"RemoteOptions.cache_dir must be a folder path (str), not {cache_dir!r}")
     if not cache_dir.strip():
@@ -205,9 +207,15 @@ class ShardCache:
     lock_timeout_s = LOCK_TIMEOUT_S
     preallocate = True  # reserve a download's space up front (posix_fallocate)
 
-    def __init__(self, source: Source, manifest: Manifest, cache_dir: str, limit: int | None):
+    def __init__(
+        self,
+        source: Source,
+        manifest: Manifest,
+        cache_dir: str | os.PathLike[str],
+        limit: int | None,
+    ):
         self._source = source
-        self.root = cache_dir
+        self.root = cache_dir = os.fspath(cache_dir)
         self.home = os.path.join(cache_dir, CACHE_FOLDER)
         self.limit = limit
         key = hashlib.sha256(f"{source.root}\n{manifest.fingerprint}".encode()).hexdigest()[:16]
@@ -495,7 +503,7 @@ class ShardCache:
         )
 
 
-def cache_bytes(cache_dir: str) -> int:
+def cache_bytes(cache_dir: str | os.PathLike[str]) -> int:
     """Bytes of the cache in ``cache_dir``: cached files and downloads in progress (not stamps,
     locks or anything that is not the cache's)."""
     home = os.path.join(cache_dir, CACHE_FOLDER)
