@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
+import logging
 import os
 import queue
 import re
@@ -40,11 +40,12 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from shardprep.config import BuildConfig
-from shardprep.errors import InputError, ManifestError, OutputError
+from shardprep.errors import InputError, OutputError
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
-from shardprep.shardformat import EOF_MARKER, MANIFEST_NAME, decode_index, index_name, shard_name
+from shardprep.resume_check import finished_shard_problem
+from shardprep.shardformat import MANIFEST_NAME, index_name, shard_name
 from shardprep.storage import describe_error, is_url, local_path, open_url
-from shardprep.write import ShardRecord, record_from_files, record_from_index
+from shardprep.write import ShardRecord, record_from_index
 
 __all__ = [
     "UPLOAD_THREADS",
@@ -64,6 +65,7 @@ CONTACT_TIMEOUT_S = 30.0
 """The first request to a remote OUT (listing it) must be answered within this many seconds."""
 RESUME_THREADS = 8
 JOURNAL_LIMIT = 1 << 20
+LOG = logging.getLogger("shardprep")
 RESUME_ADVICE = (
     "the shards uploaded so far are kept: fix the cause, then run the same command with --resume"
 )
@@ -132,6 +134,11 @@ def _not_empty(out: str, existing: list[str], what: str) -> InputError:
         f"--resume to finish an interrupted one, or choose an empty {what}",
         out,
     )
+
+
+def _damaged(where: str, problem: str) -> None:
+    """The one-line notice for a finished shard that --resume writes again."""
+    LOG.warning("%s: damaged since the interrupted build (%s); writing it again", where, problem)
 
 
 def _journal_record(config: BuildConfig, fingerprint: str) -> dict[str, Any]:
@@ -220,12 +227,40 @@ class LocalDestination:
             raise
 
     def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+        """Shards whose file exists and is what its index describes, read once to check and
+        hash each; a damaged one is left out (it is written again) with a notice."""
         compression = self._config.compression
-        return {
-            shard: record_from_files(self.out, shard, compression)
+        done = [
+            shard
             for shard in range(num_shards)
             if os.path.exists(os.path.join(self.out, shard_name(shard, compression)))
-        }
+        ]
+        with ThreadPoolExecutor(RESUME_THREADS, thread_name_prefix="shardprep-resume") as pool:
+            found = list(pool.map(self._reuse, done))
+        return {shard: record for shard, record in zip(done, found, strict=True) if record}
+
+    def _reuse(self, shard: int) -> ShardRecord | None:
+        config = self._config
+        path = os.path.join(self.out, shard_name(shard, config.compression))
+        idx_path = os.path.join(self.out, index_name(shard))
+        try:
+            with open(idx_path, "rb") as f:
+                index_bytes = f.read()
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                sha256, problem = finished_shard_problem(
+                    shard, index_bytes, f.read, size, config.compression, config.zstd_level
+                )
+        except FileNotFoundError:
+            sha256, problem = "", "its index is missing"
+        except OSError as err:
+            raise _output_error(
+                path, err, "cannot read a finished shard: fix the cause, then run with --resume"
+            ) from err
+        if problem:
+            _damaged(path, problem)
+            return None
+        return record_from_index(shard, config.compression, index_bytes, idx_path, sha256, size)
 
     def has_room(self, writing: int) -> bool:
         return True
@@ -518,41 +553,34 @@ class RemoteDestination:
         return {shard: record for shard, record in zip(done, found, strict=True) if record}
 
     def _reuse(self, shard: int, entries: dict[str, int]) -> ShardRecord | None:
-        compression, fs = self._config.compression, self._fs
-        name, idx = shard_name(shard, compression), index_name(shard)
+        config, fs = self._config, self._fs
+        name, idx = shard_name(shard, config.compression), index_name(shard)
         advice = "fix the cause, then run the same command with --resume"
         index_bytes = self._call(
             lambda: fs.cat_file(self._path(idx)), self._object_url(idx), advice
         )
-        try:
-            expected = self._expected_bytes(index_bytes, self._object_url(idx))
-        except ManifestError:
-            return None  # not this build's index: write the shard again
-        if len(index_bytes) != entries[idx] or expected != entries[name]:
+        if len(index_bytes) != entries[idx]:
+            _damaged(self._object_url(idx), "it changed while being read")
             return None
 
-        def digest() -> str:
-            sha = hashlib.sha256()
+        def check() -> tuple[str, str]:
             with fs.open(self._path(name), "rb", block_size=8 << 20) as f:
-                for block in iter(lambda: f.read(8 << 20), b""):
-                    sha.update(block)
-            return sha.hexdigest()
+                return finished_shard_problem(
+                    shard,
+                    index_bytes,
+                    f.read,
+                    entries[name],
+                    config.compression,
+                    config.zstd_level,
+                )
 
-        sha256 = self._call(digest, self._object_url(name), advice)
+        sha256, problem = self._call(check, self._object_url(name), advice)
+        if problem:
+            _damaged(self._object_url(name), problem)
+            return None
         return record_from_index(
-            shard, compression, index_bytes, self._object_url(idx), sha256, entries[name]
+            shard, config.compression, index_bytes, self._object_url(idx), sha256, entries[name]
         )
-
-    def _expected_bytes(self, index_bytes: bytes, where: str) -> int:
-        """The size of the shard file the index describes."""
-        index = decode_index(index_bytes, where)
-        end = int(index.sample_offset[-1])
-        if self._config.compression != "zstd":
-            return end + len(EOF_MARKER)
-        import zstandard
-
-        compressor = zstandard.ZstdCompressor(level=self._config.zstd_level, write_checksum=True)
-        return int(index.frame_offset[-1]) + len(compressor.compress(EOF_MARKER))
 
     def has_room(self, writing: int) -> bool:
         assert self._uploads is not None

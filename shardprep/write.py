@@ -37,7 +37,6 @@ from shardprep.storage import is_url
 __all__ = [
     "FRAME_BYTES",
     "ShardRecord",
-    "record_from_files",
     "record_from_index",
     "write_shard",
 ]
@@ -325,25 +324,6 @@ def _read_members(sample: SampleRef, reader: _PartReader) -> list[tuple[str, byt
     if sample.weight is not None:
         members.append((WEIGHT_EXT, sample.weight))
     return members
-
-
-def record_from_files(out_dir: str, index: int, compression: str) -> ShardRecord:
-    """Rebuild the record of a shard finished by an earlier, interrupted build (``--resume``).
-
-    Raises:
-        ManifestError: the shard's index is unreadable.
-    """
-    path = os.path.join(out_dir, shard_name(index, compression))
-    idx_path = os.path.join(out_dir, index_name(index))
-    with open(idx_path, "rb") as f:
-        index_bytes = f.read()
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return record_from_index(
-        index, compression, index_bytes, idx_path, digest.hexdigest(), os.path.getsize(path)
-    )
 
 
 def record_from_index(

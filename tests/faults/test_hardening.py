@@ -9,9 +9,13 @@ the file, shard or key and says what to do.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ import pytest
 from loader import ShardDataset
 from shardprep.errors import ManifestError
 from shardprep.verify import verify_output
-from tests.faults.helpers import error_lines, invoke
+from tests.faults.helpers import error_lines, invoke, tree_hashes
 from tests.faults.shard_surgery import copy_output, edit_manifest_json, index_of
 from tests.processes import run_bounded
 
@@ -124,3 +128,108 @@ def test_file_name_not_utf8_builds_with_a_safe_key(tmp_path: Path) -> None:
     samples = {s["__key__"]: bytes(s["jpg"]) for s in ShardDataset(str(out), shuffle=False)}
     assert samples == {"cat__b_": b"payload", "cat__c": b"other"}
     assert index_of(out, 0).source(0) == "cat/b\udcff.jpg"
+
+
+# --- item 4: --resume checks the shards it reuses ------------------------------------------
+
+# A real build with 1 worker process that stalls (as on a hung disk) once it has written
+# ``stall_after`` samples, so the test can SIGKILL it with finished shards and a partial one.
+STALLING_BUILD = """
+import sys, time
+import shardprep, shardprep.write as write
+
+raw, out, stall_after, shards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+read_members, count = write._read_members, 0
+
+def stalling(sample, reader):
+    global count
+    count += 1
+    while count > stall_after:
+        time.sleep(3600)
+    return read_members(sample, reader)
+
+write._read_members = stalling
+shardprep.build(raw, out, shards=shards, workers=1, progress=False)
+"""
+SHARDS = 6
+PER_SHARD = 20
+
+
+def _kill_stalled_build(raw: Path, out: Path, tmpdir: Path, finished: int) -> None:
+    """Start the stalling build, wait (bounded) for ``finished`` shards and a partial one,
+    then SIGKILL its whole session."""
+    stall_after = finished * PER_SHARD + PER_SHARD // 2
+    command = [sys.executable, "-c", STALLING_BUILD, str(raw), str(out), str(stall_after)]
+    proc = subprocess.Popen(
+        [*command, str(SHARDS)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            names = os.listdir(out) if out.exists() else []
+            done = [n for n in names if n.startswith("shard-") and n.endswith(".tar")]
+            if len(done) == finished and any(n.endswith(".partial") for n in names):
+                break
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, f"the build never stalled: {names}"
+            time.sleep(0.01)  # polling interval only
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _payload_byte(out: Path) -> None:
+    _flip(out / "shard-00001.tar", int(index_of(out, 1).member_offset[3]) + 5)
+
+
+def _header_byte(out: Path) -> None:  # the mtime field of sample 3's header
+    _flip(out / "shard-00001.tar", int(index_of(out, 1).sample_offset[3]) + 140)
+
+
+def _truncated(out: Path) -> None:
+    path = out / "shard-00001.tar"
+    path.write_bytes(path.read_bytes()[:-512])
+
+
+def _index_byte(out: Path) -> None:  # a byte of the index's checksum of member 0
+    path = out / "shard-00001.idx"
+    data = path.read_bytes()
+    (head_len,) = struct.unpack_from("<Q", data, 8)
+    offset = json.loads(data[16 : 16 + head_len])["arrays"]["member_hash"][1]
+    _flip(path, 16 + head_len + offset)
+
+
+@pytest.mark.parametrize("damage", [_payload_byte, _header_byte, _truncated, _index_byte])
+def test_resume_rewrites_a_finished_shard_damaged_after_the_kill(
+    tmp_path: Path, damage: Any
+) -> None:
+    raw = tmp_path / "raw"
+    for label, cls in enumerate(("a", "b", "c")):
+        (raw / cls).mkdir(parents=True)
+        for i in range(SHARDS * PER_SHARD // 3):
+            (raw / cls / f"{i:04d}.bin").write_bytes(bytes([label, i % 256]) * (300 + i))
+    clean = tmp_path / "clean"
+    result = _build_cli(str(raw), str(clean), "-n", str(SHARDS), "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    _kill_stalled_build(raw, out, tmp_path, finished=2)
+    damage(out)
+    result = _build_cli(str(raw), str(out), "-n", str(SHARDS), "--workers", "1", "--resume")
+    assert result.returncode == 0, result.stderr
+    notices = [line for line in result.stderr.splitlines() if "damaged" in line]
+    assert len(notices) == 1 and notices[0].startswith(
+        f"{out / 'shard-00001.tar'}: damaged since the interrupted build ("
+    ), result.stderr
+    assert notices[0].endswith("); writing it again")
+    assert tree_hashes(out) == tree_hashes(clean)  # rewritten: byte-identical to a clean build
