@@ -12,8 +12,9 @@ window keeps copies of its first samples (``Carried``, one buffer), not the wind
 The result is exactly the per-sample path's: same samples, order, fields and
 values (``tests/unit/test_assemble.py``). A batch it cannot describe as arrays
 (a sample missing a field or holding one twice, fields in another order, a
-member failing its checksum) is made by the per-sample path instead, which
-gives the same batch or raises the same ``CorruptShardError``, naming the sample.
+member failing its checksum, a sample whose tar header is damaged) is made by
+the per-sample path instead, which gives the same batch or raises the same
+``CorruptShardError``, naming the sample.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Window:
 
     Member ``m`` lies in chunk ``chunk[m]``'s buffer at ``offset[m]``, ``size[m]``
     bytes, with recorded checksum ``checksum[m]``; it belongs to field
-    ``names[field[m]]``. Window sample ``p`` owns members ``begin[p]:end[p]``.
+    ``names[field[m]]``. Window sample ``p`` owns members ``begin[p]:end[p]``;
+    ``damaged[p]``: one of its tar headers is damaged (``Chunk.table``).
     """
 
     def __init__(self, chunks: list[Chunk]) -> None:
@@ -61,6 +63,8 @@ class Window:
         self.size = np.concatenate([t.size for t in tables])
         self.offset = np.concatenate([t.offset for t in tables])
         self.checksum = np.concatenate([t.checksum for t in tables])
+        self.damaged = np.concatenate([t.damaged for t in tables])
+        self.any_damaged = bool(self.damaged.any())
         self.checks = all(c.checks for c in chunks)
         self.chunk = np.repeat(np.arange(len(tables)), [len(t.size) for t in tables])
         self.buffers = [memoryview(t.data) for t in tables]
@@ -98,12 +102,12 @@ class Window:
         """The samples at ``positions`` copied out of the window, for a batch that goes on in
         the next window: the window's buffers are then free for the next read.
 
-        Each member's checksum is checked here, where the per-sample path checks it (before
-        the next window is read).
+        Each member's checksum (and each sample's tar headers) is checked here, where the
+        per-sample path checks it (before the next window is read).
 
         Raises:
-            CorruptShardError: the first of those samples holding a damaged member, as the
-                per-sample path raises it.
+            CorruptShardError: the first of those samples holding a damaged member or
+                header, as the per-sample path raises it.
         """
         counts = self.end[positions] - self.begin[positions]
         starts = np.zeros(len(positions) + 1, dtype=np.int64)
@@ -114,6 +118,8 @@ class Window:
         if self.checks:
             got = np.fromiter(map(payload_checksum, views), np.uint64, len(views))
             bad = np.flatnonzero(got != self.checksum[members])
+            if self.any_damaged:
+                bad = np.union1d(bad, starts[:-1][self.damaged[positions]])
             if len(bad):
                 first = int(np.searchsorted(starts, bad[0], side="right")) - 1
                 self.sample(int(positions[first]))  # raises, naming the sample
@@ -149,6 +155,8 @@ class Carried(Window):
         self.offset = np.zeros(len(members), dtype=np.int64)
         np.cumsum(self.size[:-1], out=self.offset[1:])
         self.checksum = window.checksum[members]
+        self.damaged = np.zeros(len(positions), dtype=np.bool_)
+        self.any_damaged = False
         self.checks = False  # checked as they were copied
         self.chunk = np.zeros(len(members), dtype=np.int64)
         self.buffers = [memoryview(bytearray().join(views))]  # the one copy
@@ -340,7 +348,8 @@ def _assemble(
     """
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
-    if all(f.members is not None and f.names == names for f in layouts):
+    damaged = any(w.any_damaged and w.damaged[p].any() for w, p in segments)
+    if not damaged and all(f.members is not None and f.names == names for f in layouts):
         batch = Batch()
         batch[KEY] = _concat([w.keys[p] for w, p in segments])
         batch["__padded__"] = torch.from_numpy(_concat([w.padded[p] for w, p in segments]))
@@ -356,7 +365,8 @@ def _assemble(
         else:
             batch[POSITION] = position
             return batch
-    # irregular fields, or a damaged member: the per-sample path, which names the damaged sample
+    # irregular fields, or a damaged member or header: the per-sample path, which names the
+    # damaged sample
     return collate_samples(_samples(segments), position)
 
 

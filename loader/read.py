@@ -10,7 +10,9 @@ Nothing is trusted unchecked: an index must match its manifest entry (sha256,
 then ``shardprep.integrity.check_index``) before it is used, every read is
 bounded by the index and the file's size, a zstd frame is decompressed only
 to the span its index gives it, and each sample's checksum is compared when
-the sample is handed out (``Chunk.sample``).
+the sample is handed out (``Chunk.sample``). The tar headers between the members
+(which this reader skips, but ``tar`` and WebDataset read) are compared, once per
+chunk, with the ones the writer makes from the index (``damaged_headers``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from shardprep.errors import ChecksumMismatchError, ManifestError
 from shardprep.integrity import (
     FrameError,
     check_index,
+    damaged_headers,
     decompress_frame,
     first_damaged_sample,
     salvage_frame,
 )
 from shardprep.manifest import Manifest
-from shardprep.shardformat import ShardIndex, decode_index, payload_checksum
+from shardprep.shardformat import ShardIndex, decode_index, payload_checksum, tar_header
 
 __all__ = ["BufferPool", "Chunk", "ChunkTable", "RangeIO", "ShardReader", "UncheckedChunk"]
 
@@ -52,7 +55,8 @@ class ChunkTable:
     """A chunk's samples as arrays: yielded sample ``j`` owns members ``begin[j]:end[j]``.
 
     Member ``m`` is ``data[offset[m]:offset[m] + size[m]]``, its extension
-    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``.
+    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``. ``damaged[j]``: a tar
+    header of sample ``j``'s members is not the writer's (the sample must not be handed out).
     """
 
     data: bytes | memoryview
@@ -64,6 +68,7 @@ class ChunkTable:
     size: IntArray
     ext: IntArray
     checksum: npt.NDArray[np.uint64]
+    damaged: npt.NDArray[np.bool_]
     padded: bool
     extra: dict[str, list[Any]]
 
@@ -74,11 +79,15 @@ class Chunk:
     :meth:`sample` checks the sample's checksum before handing it out. The
     per-sample lists it uses are made on its first call: the batch path
     (:meth:`table`) reads the index's arrays directly and never needs them.
+    The tar headers of all the chunk's members are checked at once, on the
+    first call of either (``damaged_headers``); a sample with a damaged one is
+    refused as a sample failing its checksum is.
     """
 
     checks = True  # verify every member's checksum as its sample is handed out
 
     __slots__ = (
+        "_bad_headers",
         "_base",
         "_data",
         "_exts",
@@ -110,6 +119,7 @@ class Chunk:
         self._exts = index.exts
         self._keys: npt.NDArray[np.str_] | None = None
         self._lists: _SampleLists | None = None
+        self._bad_headers: dict[int, int] | None = None
         self.padded = piece.padded
         self._selection = selection  # samples of the chunk in yield order (reweighting), or all
         self.extra = extra or {}  # per yielded sample: more fields, e.g. "__weight__"
@@ -128,17 +138,35 @@ class Chunk:
             self._lists = _SampleLists(self._index, self._first, self._stop, self._base)
         return self._lists
 
+    def _header_damage(self) -> dict[int, int]:
+        """The chunk's samples (numbered from its first) with a damaged tar header, each
+        with its first damaged member; worked out once, for the whole chunk."""
+        if self._bad_headers is None:
+            bad: dict[int, int] = {}
+            if self.checks:
+                index, first = self._index, self._first
+                members = damaged_headers(index, self._data, self._base, first, self._stop)
+                owners = np.searchsorted(index.member_start, members, side="right") - 1 - first
+                for j, m in zip(owners.tolist(), members.tolist(), strict=True):
+                    bad.setdefault(j, m)
+            self._bad_headers = bad
+        return self._bad_headers
+
     def sample(self, j: int) -> dict[str, Any]:
         """Sample ``j`` of the chunk as WebDataset does: ``{"__key__": ..., ext: bytes}``.
 
         Raises:
-            CorruptShardError: the sample's bytes fail their checksum (naming
-                the shard, the sample's key and its tar offset).
+            CorruptShardError: the sample's bytes fail their checksum, or a tar
+                header of its members is damaged (naming the shard, the sample's
+                key and its tar offset).
         """
         extra = {field: values[j] for field, values in self.extra.items()} if self.extra else None
         if self._selection is not None:
             j = self._selection[j]
         lists = self._per_sample()
+        bad = self._bad_headers if self._bad_headers is not None else self._header_damage()
+        if bad and j in bad:
+            raise self._damaged_header(j, bad[j])
         out: dict[str, Any] = {"__key__": lists.keys[j], "__padded__": self.padded}
         if extra:
             out.update(extra)
@@ -175,6 +203,10 @@ class Chunk:
             keys = keys[chosen]
         else:
             begin, end = starts[:-1], starts[1:]
+        damaged = np.zeros(b - a, dtype=np.bool_)
+        damaged[list(self._header_damage())] = True
+        if self._selection is not None:
+            damaged = damaged[chosen]
         return ChunkTable(
             data=self._data,
             exts=self._exts,
@@ -185,6 +217,7 @@ class Chunk:
             size=index.member_size[members].astype(np.int64),
             ext=index.member_ext[members].astype(np.int64),
             checksum=index.member_hash[members],
+            damaged=damaged,
             padded=self.padded,
             extra=self.extra,
         )
@@ -199,6 +232,22 @@ class Chunk:
             f"{lists.size[m]} bytes at offset {self._base + lists.offset[m]} hash to "
             f"{payload_checksum(payload):#018x}, the index recorded {lists.hash[m]:#018x}): "
             "the shard's bytes are damaged",
+        )
+
+    def _damaged_header(self, j: int, m: int) -> CorruptShardError:
+        index = self._index
+        key = self._per_sample().keys[j]
+        ext = self._exts[int(index.member_ext[m])]
+        size, data_at = int(index.member_size[m]), int(index.member_offset[m])
+        name = f"{key}.{ext}"
+        at = data_at - len(tar_header(name.encode("utf-8", "surrogateescape"), size))
+        return CorruptShardError.at(
+            self._shard,
+            key,
+            int(index.sample_offset[self._first + j]),
+            f"the tar header of its .{ext} member (at offset {at}) is not the one the index "
+            f"describes (a regular file {name!r} of {size} bytes): the shard's bytes are "
+            "damaged (tar, tarfile and webdataset would misread or refuse this member)",
         )
 
 

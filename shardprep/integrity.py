@@ -14,12 +14,18 @@ so that nothing read from an index is trusted before it is checked:
   output bound (a decompression bomb is an error, never an allocation).
 - :func:`salvage_frame`: the part of a damaged frame that still decodes, to
   name the first damaged sample.
+- :func:`damaged_headers`: the members of a range whose tar header records are
+  not the bytes the writer makes from the index (the per-member checksums
+  cover only the data; ``tar``, ``tarfile`` and WebDataset read the headers).
 
 ``docs/format.md`` ("Validation") lists the same rules.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -27,12 +33,20 @@ import numpy.typing as npt
 
 from shardprep.errors import ManifestError
 from shardprep.manifest import ShardEntry
-from shardprep.shardformat import BLOCK, EOF_MARKER, FRAME_BYTES, ShardIndex, payload_checksum
+from shardprep.shardformat import (
+    BLOCK,
+    EOF_MARKER,
+    FRAME_BYTES,
+    ShardIndex,
+    payload_checksum,
+    tar_header,
+)
 
 __all__ = [
     "MAX_ZSTD_RATIO",
     "FrameError",
     "check_index",
+    "damaged_headers",
     "damaged_samples",
     "decompress_frame",
     "first_damaged_sample",
@@ -343,3 +357,209 @@ def first_damaged_sample(
     """The first of :func:`damaged_samples`, or ``stop`` if every sample is complete and intact."""
     found = damaged_samples(index, data, base, start, stop, first_only=True)
     return found[0] if found else stop
+
+
+# --- tar headers -------------------------------------------------------------------
+# Every header the writer makes is ``shardformat.tar_header(key + "." + ext, size)``: fixed
+# bytes but for the name (bytes 0-99), the size (124-135, 11 octal digits and a NUL) and the
+# ustar checksum (148-153, 6 octal digits). Headers are compared as 64 words of 8 bytes (in
+# the machine's byte order, the same for both sides): words 0-12 hold the name (and the
+# mode's first 4 bytes), 15-16 the size, 18-19 the checksum, each among fixed bytes.
+_WORDS = BLOCK // 8
+_NAME_BYTES = 100
+_NAME_WORDS = 13
+_EMPTY = np.frombuffer(tar_header(b"", 0), dtype=np.uint8)
+_EMPTY_WORDS = _EMPTY.view(np.uint64)
+# the checksum of a header with an empty name and size 0, less the size's 11 "0" digits
+_BASE_SUM = int(_EMPTY.sum()) - int(_EMPTY[148:156].sum()) + 8 * ord(" ") - 11 * ord("0")
+_NE = sys.byteorder == "little"
+
+
+def _packed_octal() -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """For x < 4096: its 4 octal digits as ASCII bytes packed into a word (first digit in the
+    word's first byte in memory), and the sum of those bytes."""
+    text = np.frombuffer(b"".join(b"%04o" % x for x in range(4096)), np.uint8).reshape(-1, 4)
+    words = np.zeros((4096, 8), dtype=np.uint8)
+    words[:, :4] = text
+    return words.view(np.uint64).ravel().copy(), text.sum(axis=1, dtype=np.int64)
+
+
+_OCTAL, _OCTAL_SUM = _packed_octal()
+
+
+def _shift(word: npt.NDArray[np.uint64], nbytes: int) -> npt.NDArray[np.uint64]:
+    """``word``'s bytes moved ``nbytes`` later in memory (earlier if negative)."""
+    bits = np.uint64(8 * abs(nbytes))
+    shifted: npt.NDArray[np.uint64] = word << bits if (nbytes > 0) == _NE else word >> bits
+    return shifted
+
+
+def _word(header: npt.NDArray[np.uint8], first: int, keep: list[int]) -> np.uint64:
+    """The word of ``header`` at byte ``first``, with only the bytes at offsets ``keep``."""
+    chosen = np.zeros(8, dtype=np.uint8)
+    chosen[keep] = header[first : first + 8][keep]
+    word: np.uint64 = chosen.view(np.uint64)[0]
+    return word
+
+
+_FIXED_15 = _word(_EMPTY, 120, [0, 1, 2, 3])  # gid's last bytes; 124-127: size digits 0-3
+_FIXED_18 = _word(_EMPTY, 144, [0, 1, 2, 3])  # mtime's last bytes; 148-151: checksum digits
+_FIXED_19 = _word(_EMPTY, 152, [3, 4, 5, 6, 7])  # "\0", " " (after the digits), typeflag...
+
+
+_HEADERS_AT_ONCE = 512  # headers compared per step (256 KiB each side)
+
+
+class _Scratch(threading.local):
+    """One thread's arrays for :func:`damaged_headers`, made once: fresh arrays of this size,
+    freed at each return, cost a page fault per 4 KiB on the next call (glibc gives such
+    sizes back to the system). ``expected`` holds the template's fixed words for good; only
+    the name, size and checksum words are written per step."""
+
+    def __init__(self) -> None:
+        self.found = np.empty((_HEADERS_AT_ONCE, _WORDS), dtype=np.uint64)
+        self.expected = np.empty((_HEADERS_AT_ONCE, _WORDS), dtype=np.uint64)
+        self.expected[:] = _EMPTY_WORDS
+
+
+_SCRATCH: _Scratch | None = None
+
+
+def _scratch() -> _Scratch:
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = _Scratch()
+    return _SCRATCH
+
+
+Words = npt.NDArray[np.uint64]
+Ints = npt.NDArray[np.int64]
+
+
+@functools.lru_cache(maxsize=64)
+def _ext_words(exts: tuple[str, ...]) -> tuple[Words, Ints, Ints]:
+    """Row ``e * 101 + at``: the name words holding ``"." + exts[e]`` at byte ``at`` (and the
+    mode's first bytes, 100-103), zero elsewhere; each ``"." + ext``'s byte sum and length."""
+    rows = np.zeros((len(exts), _NAME_BYTES + 1, _NAME_WORDS * 8), dtype=np.uint8)
+    rows[:, :, _NAME_BYTES:] = _EMPTY[_NAME_BYTES : _NAME_WORDS * 8]
+    sums = []
+    for e, ext in enumerate(exts):
+        dotted = np.frombuffer(b"." + ext.encode("utf-8", "surrogateescape"), np.uint8)
+        sums.append(int(dotted.sum()))
+        for at in range(_NAME_BYTES + 1 - len(dotted)):
+            rows[e, at, at : at + len(dotted)] = dotted
+    words = rows.reshape(-1, _NAME_WORDS * 8).view(np.uint64)
+    lengths = [len(e.encode("utf-8", "surrogateescape")) + 1 for e in exts]
+    return words, np.array(sums, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+
+def damaged_headers(
+    index: ShardIndex, data: bytes | memoryview, base: int, start: int, stop: int
+) -> npt.NDArray[np.int64]:
+    """Members of samples ``start..stop-1`` whose tar header records differ from the writer's.
+
+    ``data`` holds the tar bytes from offset ``base`` (a sample's start) to at least the end
+    of sample ``stop - 1``. A member's header is ``tar_header(key + "." + ext, size)`` from the
+    index (:func:`check_index` has checked that it fits before the member's data), so every
+    byte of it is known: a damaged name, size, checksum or fixed field is found, not only
+    what the ustar checksum would catch. Returns member numbers of the index, ascending.
+
+    The usual header (a name of at most 100 bytes, a size under 8 GiB) is checked by a few
+    NumPy operations over the whole range (each header copied once and compared once with
+    the expected bytes, made from the index); long names and huge sizes one by one.
+    """
+    m0, m1 = int(index.member_start[start]), int(index.member_start[stop])
+    if m1 == m0:
+        return np.zeros(0, dtype=np.int64)
+    starts = index.member_start[start : stop + 1].astype(np.int64)
+    counts = starts[1:] - starts[:-1]
+    owner = np.repeat(np.arange(stop - start), counts)  # sample of each member, from ``start``
+    offset = index.member_offset[m0:m1].astype(np.int64) - base
+    size = index.member_size[m0:m1].astype(np.int64)
+    ext = index.member_ext[m0:m1].astype(np.int64)
+    key_start = int(index.key_end[start - 1]) if start else 0
+    key_end = index.key_end[start:stop].astype(np.int64) - key_start
+    key_len = np.diff(key_end, prepend=0)
+    blob = index.key_blob[key_start : key_start + int(key_end[-1])]
+    ext_len = _ext_words(index.exts)[2]
+    name_len = key_len[owner] + ext_len[ext]
+    odd = np.flatnonzero((name_len > _NAME_BYTES) | (size >> 33 > 0))  # 11 octal digits
+    bad = [int(k) for k in odd if not _header_matches(index, data, m0 + int(k), int(offset[k]))]
+    usual = np.arange(m1 - m0)
+    if len(odd):  # rare: names over 100 bytes, members of 8 GiB or more
+        usual = np.setdiff1d(usual, odd)
+        owner, offset, size, ext = owner[usual], offset[usual], size[usual], ext[usual]
+    words = np.frombuffer(data, np.uint64, len(data) // BLOCK * _WORDS).reshape(-1, _WORDS)
+    rows = offset // BLOCK - 1  # the header block before each member's data
+    keys = _key_words(blob, key_len, key_end - key_len)
+    scratch = _scratch()
+    for i in range(0, len(usual), _HEADERS_AT_ONCE):
+        part = slice(i, i + _HEADERS_AT_ONCE)
+        count = len(rows[part])
+        found = np.take(words, rows[part], axis=0, out=scratch.found[:count])
+        expected = scratch.expected[:count]
+        _expected_headers(expected, keys, key_len, owner[part], ext[part], size[part], index.exts)
+        if not np.array_equal(found, expected):
+            bad += usual[part][np.flatnonzero((found != expected).any(axis=1))].tolist()
+    return m0 + np.array(sorted(bad), dtype=np.int64)
+
+
+def _key_words(blob: npt.NDArray[np.uint8], key_len: Ints, key_start: Ints) -> tuple[Words, Ints]:
+    """Each key of ``blob`` (of ``key_len`` bytes from ``key_start``) zero-padded to the name
+    field's 13 words (keys too long for it: zeros), and each key's byte sum."""
+    keys = np.zeros((len(key_len), _NAME_WORDS * 8), dtype=np.uint8)
+    longest = int(key_len.max())
+    if longest < _NAME_BYTES:  # as keys are (see key_array in loader.read)
+        keys[:, :longest][np.arange(longest) < key_len[:, None]] = blob
+    else:
+        fits = key_len < _NAME_BYTES
+        lengths = key_len[fits]
+        rows = np.repeat(np.flatnonzero(fits), lengths)
+        firsts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        keys[rows, np.arange(len(rows)) - firsts] = blob[np.repeat(fits, key_len)]
+    return keys.view(np.uint64), np.add.reduceat(blob, key_start, dtype=np.int64)
+
+
+def _expected_headers(
+    expected: Words,
+    keys: tuple[Words, Ints],
+    key_len: Ints,
+    owner: Ints,
+    ext: Ints,
+    size: Ints,
+    exts: tuple[str, ...],
+) -> None:
+    """Write into ``expected`` (rows of 64 words that hold the template's fixed words) the name,
+    size and checksum words of ``tar_header(key + "." + ext, size)`` of each member (names of
+    at most 100 bytes, sizes under 8 GiB); ``owner``: each member's key (a row of ``keys``)."""
+    key_words, key_sum = keys
+    ext_words, ext_sum, _ = _ext_words(exts)
+    expected[:, :_NAME_WORDS] = key_words[owner] | ext_words[ext * 101 + key_len[owner]]
+    # size: 11 octal digits, as 3 + 4 + 4 from the table of 4-digit groups
+    high, middle, low = _OCTAL[size >> 24], _OCTAL[(size >> 12) & 4095], _OCTAL[size & 4095]
+    expected[:, 15] = _FIXED_15 | _shift(_shift(high, -1), 4) | _shift(middle, 7)
+    expected[:, 16] = _shift(middle, -1) | _shift(low, 3)
+    checksum = (
+        _BASE_SUM
+        + key_sum[owner]
+        + ext_sum[ext]
+        + _OCTAL_SUM[size >> 24]
+        - ord("0")
+        + _OCTAL_SUM[(size >> 12) & 4095]
+        + _OCTAL_SUM[size & 4095]
+    )
+    # checksum: 6 octal digits (it is below 512 * 255 < 8 ** 6), then "\0 "
+    high, low = _OCTAL[checksum >> 12], _OCTAL[checksum & 4095]
+    expected[:, 18] = _FIXED_18 | _shift(_shift(high, -2), 4) | _shift(low, 6)
+    expected[:, 19] = _FIXED_19 | _shift(low, -2)
+
+
+def _header_matches(index: ShardIndex, data: bytes | memoryview, member: int, offset: int) -> bool:
+    """Whether member ``member``'s header records (a GNU long name, a base-256 size), which end
+    at ``offset`` of ``data``, are exactly the writer's."""
+    sample = int(np.searchsorted(index.member_start, member, side="right")) - 1
+    start = int(index.key_end[sample - 1]) if sample else 0
+    key = bytes(index.key_blob[start : int(index.key_end[sample])])
+    ext = index.exts[int(index.member_ext[member])].encode("utf-8", "surrogateescape")
+    expected = tar_header(key + b"." + ext, int(index.member_size[member]))
+    return offset >= len(expected) and bytes(data[offset - len(expected) : offset]) == expected
