@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -79,7 +81,7 @@ def test_mixture_resumes_through_torchdata(built: Path, built_zstd: Path) -> Non
         return MixedDataset([str(built), str(built_zstd)], [1, 2], batch_size=16,
                             batching="per_source", rank=1, world_size=2)  # fmt: skip
 
-    def keys(loader: StatefulDataLoader) -> list[list[str]]:  # type: ignore[type-arg]
+    def keys(loader: StatefulDataLoader) -> list[list[str]]:
         return [list(b["__key__"]) for b in loader]
 
     whole = keys(StatefulDataLoader(make(), batch_size=None, num_workers=2))
@@ -92,3 +94,55 @@ def test_mixture_resumes_through_torchdata(built: Path, built_zstd: Path) -> Non
     second = StatefulDataLoader(make(), batch_size=None, num_workers=2)
     second.load_state_dict(state)
     assert done + keys(second) == whole
+
+
+def _digest(mix: MixedStream, epoch: int, **where: int) -> tuple[str, int]:
+    """sha256 (16 hex) of the batches' keys and sources, as [[keys], [sources]] JSON, and count."""
+    batches = [[[str(k) for k in b["__key__"]], b["__source__"].tolist()]
+               for b in mix.iterate(epoch, **where)]  # fmt: skip
+    return hashlib.sha256(json.dumps(batches).encode()).hexdigest()[:16], len(batches)
+
+
+def test_the_lazy_plans_stream_the_pinned_batches(built: Path, built_zstd: Path) -> None:
+    """Pinned digests of whole (rank, slot) streams.
+
+    per_source, and mixed where no batch carries an extra sample, are the
+    digests of the eager implementation before issue 23 (same batches, order
+    and samples). Mixed with extras (300 by 2:1, batches of 10 over 2 ranks:
+    100 and 50 per rank, 6.67/3.33 per batch) changed on purpose: the same
+    rows in the affine order instead of a stored permutation (was 609d07d59e6652d8).
+    """
+    balanced = ShardStream(str(built), class_weights="balanced")
+    cases = [
+        (MixedStream([str(built), str(built_zstd)], [1, 3], batch_size=8,
+                     batching="per_source", seed=3), 0, {}, ("c2dd2b7de96acafb", 139)),
+        (MixedStream([balanced, str(built_zstd)], [1, 2], batch_size=7, samples_per_epoch=5000,
+                     batching="per_source", drop_last=True, seed=3), 3,
+         {"rank": 1, "world_size": 2, "worker": 1, "num_workers": 2, "start": 2},
+         ("f128695945a0081f", 176)),
+        (MixedStream([balanced, str(built_zstd)], [1, 1], batch_size=30, samples_per_epoch=2300,
+                     seed=3), 3, {"rank": 1, "world_size": 2}, ("86213d3cc414f530", 39)),
+        (MixedStream([str(built), str(built_zstd)], [2, 1], batch_size=10, samples_per_epoch=300,
+                     seed=3), 3, {"rank": 1, "world_size": 2}, ("50b25e551919300d", 15)),
+    ]  # fmt: skip
+    for mix, epoch, where, expected in cases:
+        assert _digest(mix, epoch, **where) == expected
+
+
+def test_a_state_of_the_earlier_mixed_order_is_refused(built: Path, built_zstd: Path) -> None:
+    ds = MixedDataset([str(built), str(built_zstd)], [1, 1], batch_size=8, rank=0, world_size=1)
+    state = ds.state_after({"__position__": {"epoch": 0, "batch": 3, "num_workers": 1}})
+    assert state["mix_plan"] == 2
+    del state["mix_plan"]  # as saved before the plans were lazy
+    with pytest.raises(IncompatibleStateError, match="mix_plan=None but this run has mix_plan=2"):
+        MixedDataset([str(built), str(built_zstd)], [1, 1], batch_size=8, rank=0,
+                     world_size=1).resume(state)  # fmt: skip
+
+
+def test_bad_weights_are_refused_naming_the_weight(built: Path) -> None:
+    with pytest.raises(ValueError, match=r"weight 0 of the mixture is inf: every weight must be"):
+        MixedDataset([str(built), str(built)], [float("inf"), 1], batch_size=4)
+    with pytest.raises(ValueError, match=r"weight 1 of the mixture is nan"):
+        MixedDataset([str(built), str(built)], [1, float("nan")], batch_size=4)
+    with pytest.raises(ValueError, match=r"are all zero"):
+        MixedDataset([str(built), str(built)], [0, 0], batch_size=4)
