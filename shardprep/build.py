@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -39,6 +38,7 @@ from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
+from shardprep.scratch import OwnedFolder, sweep_stale
 from shardprep.spill import InventoryStore, StoreFolder
 from shardprep.storage import is_url
 from shardprep.weighting import Selection, select_samples
@@ -100,7 +100,8 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         _check_engine_for(destination, config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
-        work = engine_scope.enter_context(tempfile.TemporaryDirectory(prefix="shardprep-build-"))
+        sweep_stale()  # the scratch and staging folders of killed builds (only those)
+        work = engine_scope.enter_context(OwnedFolder("shardprep-build-"))
         scratch.append(work)
         with _scratch_errors(work):
             # → Inventory: one entry per sample, metadata only (on disk)

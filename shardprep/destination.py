@@ -31,8 +31,6 @@ import logging
 import os
 import queue
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +41,7 @@ from shardprep.config import BuildConfig
 from shardprep.errors import InputError, OutputError
 from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.resume_check import finished_shard_problem
+from shardprep.scratch import OwnedFolder
 from shardprep.shardformat import MANIFEST_NAME, index_name, shard_name
 from shardprep.storage import describe_error, is_url, local_path, open_url
 from shardprep.write import ShardRecord, record_from_index
@@ -371,6 +370,7 @@ class RemoteDestination:
         self._url = out.rstrip("/")
         self._capacity = config.num_workers() + UPLOAD_THREADS
         self._uploads: _Uploads | None = None
+        self._staging: OwnedFolder | None = None
         self._journal_written = False
 
     # --- remote calls, every failure an OutputError naming the URL --------------------
@@ -490,7 +490,8 @@ class RemoteDestination:
             own.sort(key=lambda name: name != MANIFEST_NAME)
             for name in own:
                 self._call(partial(self._fs.rm_file, self._path(name)), self._url, advice)
-        self.staging = tempfile.mkdtemp(prefix="shardprep-staging-")
+        self._staging = OwnedFolder("shardprep-staging-")  # swept by a later build if killed
+        self.staging = self._staging.path
         self._uploads = _Uploads(UPLOAD_THREADS, self._upload)
 
     def start_journal(self, fingerprint: str) -> None:
@@ -655,5 +656,5 @@ class RemoteDestination:
     def close(self) -> None:
         if self._uploads is not None:
             self._uploads.stop()
-        if self.staging:
-            shutil.rmtree(self.staging, ignore_errors=True)
+        if self._staging is not None:
+            self._staging.close()

@@ -233,3 +233,117 @@ def test_resume_rewrites_a_finished_shard_damaged_after_the_kill(
     ), result.stderr
     assert notices[0].endswith("); writing it again")
     assert tree_hashes(out) == tree_hashes(clean)  # rewritten: byte-identical to a clean build
+
+
+# --- item 5: folders of killed builds in TMPDIR are swept, only ours ---------------------
+
+
+def _raw_for_kill(tmp_path: Path) -> Path:
+    raw = tmp_path / "raw"
+    for label, cls in enumerate(("a", "b", "c")):
+        (raw / cls).mkdir(parents=True)
+        for i in range(SHARDS * PER_SHARD // 3):
+            (raw / cls / f"{i:04d}.bin").write_bytes(bytes([label, i % 256]) * (300 + i))
+    return raw
+
+
+def _decoys(tmp: Path) -> Any:
+    """Make folders a sweep must leave alone; returns the open file that holds one 'live'
+    build's lock."""
+    import fcntl
+
+    def folder(name: str, lock: bool) -> Path:
+        (tmp / name).mkdir()
+        (tmp / name / "data").write_text(name)
+        if lock:
+            (tmp / name / "shardprep.lock").write_text("")
+        return tmp / name
+
+    folder("shardprep-build-nolock01", lock=False)  # our name, no lock file
+    folder("shardprep-staging-livebuild", lock=True)  # a suffix of 9: not mkdtemp's
+    folder("shardprep-staging-live0001", lock=True)
+    holder = open(tmp / "shardprep-staging-live0001" / "shardprep.lock", "rb")  # noqa: SIM115
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a live build holds it
+    folder("other-build-abcdefgh", lock=True)  # not our prefix
+    target = folder("elsewhere", lock=True)
+    os.symlink(target, tmp / "shardprep-build-symlink1")  # a link, never followed
+    (tmp / "shardprep-build-plainfil").write_text("a file")
+    return holder
+
+
+def _tmp_state(tmp: Path) -> dict[str, object]:
+    """What ``tmp`` holds: folders' entries, links' targets, files' text."""
+    return {
+        p.name: os.readlink(p)
+        if p.is_symlink()
+        else sorted(os.listdir(p))
+        if p.is_dir()
+        else p.read_text()
+        for p in tmp.iterdir()
+    }
+
+
+def test_a_killed_local_build_leaves_scratch_the_next_build_sweeps(tmp_path: Path) -> None:
+    raw, out, tmp = _raw_for_kill(tmp_path), tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    _kill_stalled_build(raw, out, tmp, finished=2)
+    left = [p.name for p in tmp.iterdir()]
+    assert len(left) == 1 and left[0].startswith("shardprep-build-"), left
+    assert (tmp / left[0] / "shardprep.lock").is_file()
+    holder = _decoys(tmp)
+    decoys = {k: v for k, v in _tmp_state(tmp).items() if k != left[0]}
+    try:
+        result = _build_cli(
+            str(raw), str(out), "-n", str(SHARDS), "--workers", "1", "--resume", tmpdir=tmp
+        )
+        assert result.returncode == 0, result.stderr
+        assert _tmp_state(tmp) == decoys  # the killed build's folder alone is gone
+    finally:
+        holder.close()
+
+
+def test_a_killed_s3_build_leaves_staging_the_next_build_sweeps(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    from tests.s3 import S3Server
+
+    raw, tmp = _raw_for_kill(tmp_path), tmp_path / "tmp"
+    tmp.mkdir()
+    with S3Server() as s3:
+        s3.create_bucket("own")
+        url = "s3://own/out"
+        env = {**os.environ, **s3.environment(), "TMPDIR": str(tmp)}
+        command = [sys.executable, "-c", STALLING_BUILD, str(raw), url, str(PER_SHARD * 2)]
+        proc = subprocess.Popen(
+            [*command, str(SHARDS)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while not any(
+                p.name.startswith("shardprep-staging-") and any(p.glob(".*.partial"))
+                for p in tmp.iterdir()
+            ):
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the build never staged a shard"
+                time.sleep(0.01)  # polling interval only
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+        left = sorted(p.name for p in tmp.iterdir())
+        assert [name[:-8] for name in left] == ["shardprep-build-", "shardprep-staging-"], left
+        holder = _decoys(tmp)
+        decoys = {k: v for k, v in _tmp_state(tmp).items() if k not in left}
+        try:
+            result = run_bounded(
+                [sys.executable, "-m", "shardprep", "build", str(raw), url, "-n", str(SHARDS)]
+                + ["--workers", "1", "--resume", "--quiet"],
+                timeout=120,
+                env=env,
+            )
+            assert result.returncode == 0, result.stderr
+            assert _tmp_state(tmp) == decoys  # both folders of the killed build are gone
+        finally:
+            holder.close()
