@@ -250,7 +250,9 @@ class ShardCache:
         except _CacheWriteError as err:
             cache._warn_write_failed(err)
             return None
-        except OSError as err:
+        except TimeoutError:
+            raise  # another process holds .evict.lock: its own message says so
+        except OSError as err:  # e.g. a read-only or full disk: no folder, marker or lock file
             cache._warn_write_failed(_CacheWriteError(cache.home, err))
             return None
         return cache
@@ -489,7 +491,7 @@ class ShardCache:
         return digest.hexdigest()
 
     def _warn_write_failed(self, err: _CacheWriteError) -> None:
-        """One warning per process and cache folder: the cache cannot write, reads go on uncached."""
+        """Warn once per process and cache folder that the cache cannot write (reads go on)."""
         with _warned_lock:
             if self.home in _warned:
                 log.info("cache: %s; streaming uncached", err)

@@ -69,7 +69,7 @@ def samples(ds: ShardDataset) -> list[tuple[str, bytes]]:
 
 
 def fetched(proxy: Proxy, since: int) -> list[str]:
-    """Names of the shard and index files GET'ed through ``proxy`` since request number ``since``, in order."""
+    """Shard and index files GET'ed through ``proxy`` since request ``since``, in order."""
     lines = [r.split("?")[0] for r in proxy.requests[since:] if r.startswith("GET ")]
     names = [line.rsplit("/", 1)[-1] for line in lines]
     return [n for n in names if n.startswith("shard-")]
@@ -300,6 +300,7 @@ def test_downloads_of_killed_processes_are_swept_when_the_cache_opens(
             start_new_session=True,
             stderr=subprocess.PIPE,
         )
+        assert child.stderr is not None
         try:
             deadline = time.monotonic() + 60
             parts: list[Path] = []
@@ -310,7 +311,6 @@ def test_downloads_of_killed_processes_are_swept_when_the_cache_opens(
         finally:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(30)
-            assert child.stderr is not None
             child.stderr.close()
     [dead] = parts
     folder = dead.parent

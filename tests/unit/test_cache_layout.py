@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,8 +54,9 @@ def test_a_cache_folder_that_is_not_a_cache_is_refused(tmp_path: Path) -> None:
 
 
 def test_options_touch_nothing_and_a_path_object_is_accepted(tmp_path: Path) -> None:
-    options = RemoteOptions(cache_dir=tmp_path / "new" / "cache", cache_limit=1 << 30)  # type: ignore[arg-type]
-    assert options.cache_dir == tmp_path / "new" / "cache"
+    where: Any = tmp_path / "new" / "cache"  # a Path, as users pass it
+    options = RemoteOptions(cache_dir=where, cache_limit=1 << 30)
+    assert str(options.cache_dir) == str(where)
     assert os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="must be a folder path"):
         RemoteOptions(cache_dir=b"/tmp")  # type: ignore[arg-type]
