@@ -90,6 +90,7 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             names the file or shard and what to do.
     """
     config = BuildConfig(**options)
+    _check_apart(raw, out)
     started = time.perf_counter()
     stage = _Stage.CHECK
     destination = open_destination(out, config)
@@ -176,6 +177,31 @@ def _scratch_errors(work: str) -> Iterator[None]:
             "and run the same command again",
             work,
         ) from err
+
+
+def _check_apart(raw: str, out: str) -> None:
+    """Refuse an OUT folder inside RAW (the next build would read the shards as samples), the
+    same folder, or RAW inside OUT (``--overwrite`` would delete it).
+
+    Raises:
+        InputError: the two overlap, before anything is scanned or written.
+    """
+    if is_url(raw) or is_url(out):
+        return
+    real_raw, real_out = os.path.realpath(raw), os.path.realpath(out)
+    if real_out == real_raw or real_out.startswith(real_raw.rstrip(os.sep) + os.sep):
+        where = "is the input" if real_out == real_raw else f"is inside the input {raw}"
+        raise InputError(
+            f"{out}: the output folder {where} (the next build would read "
+            "its shards as samples); choose an output folder outside the input",
+            out,
+        )
+    if real_raw.startswith(real_out.rstrip(os.sep) + os.sep):
+        raise InputError(
+            f"{raw}: the input is inside the output folder {out} (--overwrite would delete "
+            "it); choose an output folder that does not hold the input",
+            raw,
+        )
 
 
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:

@@ -130,3 +130,24 @@ def test_summary_names_the_layout(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert result.stdout.splitlines()[1] == "  input     class-folders (auto-detected)"
     assert "12 (6-6 per shard), 3 classes" in result.stdout.splitlines()[2]
+
+
+@pytest.mark.parametrize(
+    ("raw_at", "out_at", "message"),
+    [
+        ("raw", "raw/out", "{out}: the output folder is inside the input {raw} (the next build"),
+        ("raw", "raw", "{out}: the output folder is the input (the next build"),
+        ("raw/cat", "raw", "{raw}: the input is inside the output folder {out} (--overwrite"),
+    ],
+)
+def test_an_output_overlapping_the_input_is_refused_before_anything_is_written(
+    tmp_path: Path, raw_at: str, out_at: str, message: str
+) -> None:
+    _class_folders(tmp_path / "raw")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    raw, out = str(tmp_path / raw_at), str(tmp_path / out_at)
+    for extra in ([], ["--overwrite"]):
+        result = invoke("build", raw, out, "-n", "2", "-j", "1", *extra)
+        assert result.exit_code != 0
+        assert error_lines(result)[0].startswith("Error: " + message.format(raw=raw, out=out))
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
