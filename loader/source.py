@@ -266,6 +266,8 @@ class Source:
             ManifestError: missing (the build did not finish) or invalid.
             UnreachableError: the server could not be reached (remote outputs).
         """
+        if not self.remote and not os.path.isdir(self.root):
+            raise ManifestError(self._not_an_output(), self.root)
         try:
             data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
         except FileNotFoundError as err:
@@ -275,6 +277,20 @@ class Source:
                 self.path(MANIFEST_NAME),
             ) from err
         return parse_manifest(data, self.path(MANIFEST_NAME))
+
+    def _not_an_output(self) -> str:
+        """Why the local path ``root`` is not an output folder, and what to pass instead."""
+        if not os.path.exists(self.root):
+            return (
+                f"{self.root}: no such folder; pass the output folder of shardprep build "
+                "(the one holding manifest.json)"
+            )
+        parent = os.path.dirname(os.path.abspath(self.root))
+        hint = f" ({parent} is one)" if os.path.exists(os.path.join(parent, MANIFEST_NAME)) else ""
+        return (
+            f"{self.root}: a file, not a shardprep output folder; pass the folder holding "
+            f"manifest.json and the shards{hint}"
+        )
 
     def call(
         self, action: Callable[[], T], name: str, on_failure: Callable[[], None] | None = None
