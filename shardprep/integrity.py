@@ -407,7 +407,7 @@ _FIXED_18 = _word(_EMPTY, 144, [0, 1, 2, 3])  # mtime's last bytes; 148-151: che
 _FIXED_19 = _word(_EMPTY, 152, [3, 4, 5, 6, 7])  # "\0", " " (after the digits), typeflag...
 
 
-_HEADERS_AT_ONCE = 512  # headers compared per step (256 KiB each side)
+_HEADERS_AT_ONCE = 1024  # headers compared per step: 512 KiB each side
 
 
 class _Scratch(threading.local):
@@ -420,6 +420,7 @@ class _Scratch(threading.local):
         self.found = np.empty((_HEADERS_AT_ONCE, _WORDS), dtype=np.uint64)
         self.expected = np.empty((_HEADERS_AT_ONCE, _WORDS), dtype=np.uint64)
         self.expected[:] = _EMPTY_WORDS
+        self.names = np.empty((_HEADERS_AT_ONCE, _NAME_WORDS), dtype=np.uint64)
 
 
 _SCRATCH: _Scratch | None = None
@@ -481,25 +482,28 @@ def damaged_headers(
     key_end = index.key_end[start:stop].astype(np.int64) - key_start
     key_len = np.diff(key_end, prepend=0)
     blob = index.key_blob[key_start : key_start + int(key_end[-1])]
-    ext_len = _ext_words(index.exts)[2]
-    name_len = key_len[owner] + ext_len[ext]
-    odd = np.flatnonzero((name_len > _NAME_BYTES) | (size >> 33 > 0))  # 11 octal digits
+    ext_words = _ext_words(index.exts)
+    at = key_len[owner]  # where each name's ".ext" starts
+    odd = np.flatnonzero((at + ext_words[2][ext] > _NAME_BYTES) | (size >> 33 > 0))
     bad = [int(k) for k in odd if not _header_matches(index, data, m0 + int(k), int(offset[k]))]
     usual = np.arange(m1 - m0)
     if len(odd):  # rare: names over 100 bytes, members of 8 GiB or more
         usual = np.setdiff1d(usual, odd)
-        owner, offset, size, ext = owner[usual], offset[usual], size[usual], ext[usual]
+        owner, offset, size, ext, at = (a[usual] for a in (owner, offset, size, ext, at))
     words = np.frombuffer(data, np.uint64, len(data) // BLOCK * _WORDS).reshape(-1, _WORDS)
-    rows = offset // BLOCK - 1  # the header block before each member's data
-    keys = _key_words(blob, key_len, key_end - key_len)
+    rows = offset // BLOCK - 1  # the header block before each member's data (ascending)
+    if len(rows) and not 0 <= int(rows[0]) <= int(rows[-1]) < len(words):
+        raise ValueError(f"tar headers outside the {len(data)} bytes given")  # a caller's bug
+    keys = (*_key_words(blob, key_len, key_end - key_len), *ext_words)
     scratch = _scratch()
     for i in range(0, len(usual), _HEADERS_AT_ONCE):
         part = slice(i, i + _HEADERS_AT_ONCE)
         count = len(rows[part])
-        found = np.take(words, rows[part], axis=0, out=scratch.found[:count])
+        found = np.take(words, rows[part], axis=0, out=scratch.found[:count], mode="clip")
         expected = scratch.expected[:count]
-        _expected_headers(expected, keys, key_len, owner[part], ext[part], size[part], index.exts)
-        if not np.array_equal(found, expected):
+        names = scratch.names[:count]
+        _expected_headers(expected, names, keys, at[part], owner[part], ext[part], size[part])
+        if payload_checksum(found.data) != payload_checksum(expected.data):  # no temporaries
             bad += usual[part][np.flatnonzero((found != expected).any(axis=1))].tolist()
     return m0 + np.array(sorted(bad), dtype=np.int64)
 
@@ -522,19 +526,22 @@ def _key_words(blob: npt.NDArray[np.uint8], key_len: Ints, key_start: Ints) -> t
 
 def _expected_headers(
     expected: Words,
-    keys: tuple[Words, Ints],
-    key_len: Ints,
+    names: Words,
+    keys: tuple[Words, Ints, Words, Ints, Ints],
+    at: Ints,
     owner: Ints,
     ext: Ints,
     size: Ints,
-    exts: tuple[str, ...],
 ) -> None:
     """Write into ``expected`` (rows of 64 words that hold the template's fixed words) the name,
     size and checksum words of ``tar_header(key + "." + ext, size)`` of each member (names of
-    at most 100 bytes, sizes under 8 GiB); ``owner``: each member's key (a row of ``keys``)."""
-    key_words, key_sum = keys
-    ext_words, ext_sum, _ = _ext_words(exts)
-    expected[:, :_NAME_WORDS] = key_words[owner] | ext_words[ext * 101 + key_len[owner]]
+    at most 100 bytes, sizes under 8 GiB); ``owner``: each member's key (a row of ``keys``,
+    from :func:`_key_words` and :func:`_ext_words`), ``at``: its length; ``names``: scratch."""
+    key_words, key_sum, ext_words, ext_sum, _ = keys
+    name = expected[:, :_NAME_WORDS]
+    np.take(key_words, owner, axis=0, out=name, mode="clip")
+    np.take(ext_words, ext * 101 + at, axis=0, out=names, mode="clip")
+    name |= names
     # size: 11 octal digits, as 3 + 4 + 4 from the table of 4-digit groups
     high, middle, low = _OCTAL[size >> 24], _OCTAL[(size >> 12) & 4095], _OCTAL[size & 4095]
     expected[:, 15] = _FIXED_15 | _shift(_shift(high, -1), 4) | _shift(middle, 7)
