@@ -23,12 +23,19 @@ resume, ``loader.elastic``); it then also carries the epoch's earlier passes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from loader.errors import IncompatibleStateError
 
-__all__ = ["STATE_VERSION", "check_state", "rank_resume"]
+__all__ = [
+    "STATE_VERSION",
+    "Position",
+    "check_state",
+    "next_position",
+    "rank_resume",
+    "worker_states",
+]
 
 STATE_VERSION = 2
 
@@ -86,3 +93,59 @@ def check_state(
                 field=field,
                 saved=saved.get(field),
             )
+
+
+class Position(NamedTuple):
+    """Where a loop resumed from a state continues: ``epoch``, after ``batch`` items of its pass."""
+
+    epoch: int
+    batch: int
+
+
+def worker_states(state: Any) -> list[Mapping[str, Any]]:
+    """The per-worker positions inside a torchdata ``StatefulDataLoader.state_dict()``.
+
+    torchdata nests each worker's iterator state (ours: ``epoch``, ``slot``,
+    ``yielded``) a few levels down; they are found by their fields, not by
+    torchdata's key names.
+    """
+
+    def walk(value: Any) -> Iterator[Mapping[str, Any]]:
+        if isinstance(value, Mapping):
+            if {"epoch", "slot", "yielded", "num_workers", "world_size"} <= value.keys():
+                yield value
+                return
+            for item in value.values():
+                yield from walk(item)
+
+    return list(walk(state))
+
+
+def next_position(state: Mapping[str, Any], pass_items: Callable[[int, int, int], int]) -> Position:
+    """The epoch and item a loop resumed from ``state`` continues at (a pure function).
+
+    ``state`` is ``state_after(batch)``'s dict (``epoch``, ``batches``) or a
+    torchdata ``StatefulDataLoader.state_dict()`` (per-worker ``epoch``,
+    ``yielded``). ``pass_items(epoch, world_size, num_workers)`` is the number
+    of items every rank yields in that epoch's pass. A state at its pass's end
+    continues at the next epoch's first item, as resuming it does.
+
+    Raises:
+        IncompatibleStateError: neither kind of state.
+    """
+    if isinstance(state, Mapping) and isinstance(state.get("batches"), int):
+        epoch, done = int(state["epoch"]), int(state["batches"])
+        world, workers = int(state["world_size"]), int(state["num_workers"])
+    else:
+        workers_ = worker_states(state)
+        if not workers_:
+            raise IncompatibleStateError(
+                "cannot tell where to continue: not a ShardDataset.state_after() dict nor a "
+                "StatefulDataLoader.state_dict() over a shardprep dataset"
+            )
+        epoch = max(int(w["epoch"]) for w in workers_)
+        done = sum(int(w["yielded"]) for w in workers_ if int(w["epoch"]) == epoch)
+        world, workers = int(workers_[0]["world_size"]), int(workers_[0]["num_workers"])
+    if done >= pass_items(epoch, world, workers):
+        return Position(epoch + 1, 0)
+    return Position(epoch, done)

@@ -25,7 +25,7 @@ from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.guards import check_not_resplit
 from loader.lifeline import watch_trainer
-from loader.state import check_state
+from loader.state import Position, check_state, next_position
 from loader.stream import EpochStream
 from loader.world import World, resolve_rank, worker_info
 
@@ -169,6 +169,25 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
             "batches": int(position["batch"]) + 1,
             "history": [[int(v) for v in p] for p in position.get("history", ())],
         }
+
+    def next_position(self, state: Mapping[str, Any]) -> Position:
+        """Where a loop resumed from ``state`` continues: ``(epoch, batch)``.
+
+        ``state`` is :meth:`state_after`'s dict or a torchdata
+        ``StatefulDataLoader.state_dict()``. ``batch`` counts the items of
+        that epoch's pass already consumed; a state saved on an epoch's last
+        batch gives the next epoch and 0, as resuming it does. So a loop runs
+        ``for epoch in range(ds.next_position(state).epoch, EPOCHS)``.
+
+        Raises:
+            IncompatibleStateError: not a state of this kind of dataset.
+        """
+
+        def pass_items(epoch: int, world_size: int, num_workers: int) -> int:
+            history = _history(state.get("history", [])) if "batches" in state else ()
+            return sum(self.items_per_slot(world_size, num_workers, history, epoch))
+
+        return next_position(state, pass_items)
 
     def resume(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_after`'s result: the next pass streams the rest of that epoch.

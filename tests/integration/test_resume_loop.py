@@ -54,3 +54,60 @@ def test_the_resume_loop_trains_exactly_the_remaining_batches(built: Path, where
     after, _ = train(built, state, None)
     assert len(after) == EPOCHS * per_epoch - stop
     assert before + after == reference  # the same epochs, batches and keys, none twice
+
+
+def train_stateful(
+    built: Path, state: dict[str, Any] | None, stop_after: int | None
+) -> tuple[list[tuple[int, tuple[str, ...]]], dict[str, Any] | None]:
+    """The same loop over torchdata's StatefulDataLoader, its epoch from ``next_position``."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dataset = ShardDataset(str(built), batch_size=BATCH_SIZE, rank=0, world_size=2)
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    start = 0
+    if state is not None:
+        loader.load_state_dict(state)
+        start = dataset.next_position(state).epoch
+    trained: list[tuple[int, tuple[str, ...]]] = []
+    saved = None
+    for epoch in range(start, EPOCHS):
+        for batch in loader:
+            trained.append((epoch, tuple(batch["__key__"].tolist())))
+            saved = loader.state_dict()
+            if len(trained) == stop_after:
+                return trained, saved
+    return trained, saved
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "last batch"])
+def test_next_position_of_both_protocols(built: Path, where: str) -> None:
+    pytest.importorskip("torchdata")
+    per_epoch = len(make(built)[0])
+    stop = 3 if where == "mid-epoch" else per_epoch
+    expected = (0, 3) if where == "mid-epoch" else (1, 0)
+    _, plain = train(built, None, stop)
+    _, torchdata_state = train_stateful(built, None, stop)
+    dataset = make(built)[0]
+    assert plain is not None and torchdata_state is not None
+    assert tuple(dataset.next_position(plain)) == expected
+    assert tuple(dataset.next_position(torchdata_state)) == expected
+    dataset.resume(plain)
+    assert dataset.epoch == expected[0]
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "last batch"])
+def test_the_stateful_loop_trains_exactly_the_remaining_batches(built: Path, where: str) -> None:
+    pytest.importorskip("torchdata")
+    reference, _ = train_stateful(built, None, None)
+    per_epoch = len(make(built)[0])
+    stop = 3 if where == "mid-epoch" else per_epoch
+    before, state = train_stateful(built, None, stop)
+    after, _ = train_stateful(built, state, None)
+    assert before + after == reference
+
+
+def test_next_position_refuses_other_states(built: Path) -> None:
+    from loader import IncompatibleStateError
+
+    with pytest.raises(IncompatibleStateError, match="cannot tell where to continue"):
+        make(built)[0].next_position({"model": 1})
