@@ -22,7 +22,8 @@ when ``RemoteOptions`` is made), so is an empty ``cache_dir`` or a file::
             .shard-00007.tar.<pid>.<n>.part   a download in progress
 
 Only names of that form, as plain files (never through a symlink) inside
-folders of that form, are ever deleted.
+folders of that form, are ever deleted; an output's folder that is a symlink
+is refused (ValueError), never written or deleted through.
 
 Safety rules (every worker and rank of one node may share the folder):
 
@@ -179,6 +180,18 @@ def _check_home(home: str) -> None:
         )
 
 
+def _check_folder(folder: str) -> None:
+    """``folder`` (an output's folder in the cache) is a real folder, not a link to one: the
+    cache deletes and replaces files named like shards in it."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise ValueError(
+            f"{folder}: {what} where the cache keeps an output's files; the cache never "
+            "writes or deletes through links: remove it (the cache makes the folder again)"
+        )
+
+
 def _make_home(home: str) -> None:
     """Create the cache folder and its marker (idempotent, safe against other processes)."""
     os.makedirs(home, exist_ok=True)
@@ -229,7 +242,8 @@ class ShardCache:
         downloads swept), or None when its limit cannot hold a shard or it cannot be made.
 
         Raises:
-            ValueError: the folder is not a shardprep cache (see :func:`check_cache_dir`).
+            ValueError: the folder is not a shardprep cache (see :func:`check_cache_dir`),
+                or the output's folder in it is a symlink.
         """
         options = source.options
         if options.cache_dir is None:
@@ -277,6 +291,7 @@ class ShardCache:
             ChecksumMismatchError: the remote file is not the one the manifest
                 lists (naming the cache file too when a damaged copy was dropped).
             TimeoutError: another process held the file's lock for ``LOCK_TIMEOUT_S``.
+            ValueError: the output's folder in the cache became a symlink.
         """
         return self._acquire(entry.file, entry.num_bytes, entry.sha256)
 
@@ -292,6 +307,7 @@ class ShardCache:
 
     def _acquire(self, name: str, size: int, sha256: str) -> BinaryIO | None:
         final = os.path.join(self.folder, name)
+        _check_folder(self.folder)  # every path below goes through it
         with _locked(final + LOCK, self.lock_timeout_s):
             pinned, damage = self._open_pinned(final, size, sha256)
             if pinned is not None:
