@@ -586,7 +586,7 @@ class ShardReader:
                 raise self._corrupt(
                     piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
                 )
-            return self._chunk(data, begin, index, piece, shard, selection, extra)
+            return _headers_checked(self._chunk(data, begin, index, piece, shard, selection, extra))
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0, f1 = _frames_of(index, piece)
         base = int(offsets[int(frames[f0])])
@@ -601,7 +601,8 @@ class ShardReader:
                 parts.append(decompress_frame(self._zstd, compressed[a:b], span))
             except FrameError as err:
                 parts.append(self._salvage(piece, index, f, compressed[a:b], span, err))
-        return self._chunk(b"".join(parts), base, index, piece, shard, selection, extra)
+        chunk = self._chunk(b"".join(parts), base, index, piece, shard, selection, extra)
+        return _headers_checked(chunk)
 
     def _salvage(
         self,
@@ -705,6 +706,13 @@ class RangeIO(Protocol):
 
     def close(self) -> None:
         """Stop every thread and release every file; idempotent."""
+
+
+def _headers_checked(chunk: Chunk) -> Chunk:
+    """``chunk`` with its tar headers compared now, while its bytes are still in the CPU's
+    cache from the read (its samples are handed out after the whole window is read)."""
+    chunk._header_damage()
+    return chunk
 
 
 def _frames_of(index: ShardIndex, piece: SampleRange) -> tuple[int, int]:
