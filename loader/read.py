@@ -643,6 +643,17 @@ class ShardReader:
             except FileNotFoundError as err:
                 raise self._corrupt(piece, piece.start, "shard file is missing") from err
 
+        if self._source.remote:  # ranged GETs, each attempt under its deadline (Source.fetch)
+            try:
+                data = self._source.fetch(name, offset, offset + size)
+            except FileNotFoundError as err:
+                raise self._corrupt(piece, piece.start, "shard file is missing") from err
+            if pool is None:
+                return data
+            buffer = pool.take(len(data))
+            buffer[:] = data
+            return buffer
+
         def read() -> bytes | memoryview:
             if self._open_shard != piece.shard or self._file is None:
                 self._close_file()
@@ -670,9 +681,19 @@ class ShardReader:
     def _check_sha256(self, shard: int) -> None:
         entry = self._manifest.shards[shard]
         digest = hashlib.sha256()
-        with self._source.open(entry.file, entry.num_bytes) as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
+        if self._source.remote:  # ranged GETs, each bounded; one byte past the end notices growth
+            step = self._source.options.request_bytes
+            for start in range(0, entry.num_bytes + 1, step):
+                block = self._source.fetch(
+                    entry.file, start, min(start + step, entry.num_bytes + 1)
+                )
                 digest.update(block)
+                if len(block) < min(step, entry.num_bytes + 1 - start):
+                    break
+        else:
+            with self._source.open(entry.file, entry.num_bytes) as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
         if digest.hexdigest() != entry.sha256:
             raise ChecksumMismatchError.for_file(
                 self._source.path(entry.file), entry.sha256, digest.hexdigest()

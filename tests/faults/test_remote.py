@@ -36,6 +36,7 @@ class Behaviour:
     root: Path
     cut: set[str] = field(default_factory=set)  # files whose next GET body is cut halfway
     stall: bool = False  # every request waits for ``release`` and gets no answer
+    trickle: str = ""  # GETs of files ending so get their headers, then a byte every 0.2 s
     release: threading.Event = field(default_factory=threading.Event)
     requests: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,6 +80,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         if not body:
+            return
+        if state.trickle and name.endswith(state.trickle) and self.command == "GET":
+            try:
+                for byte in data:  # never a 1 s gap: only a deadline on the whole read cuts it
+                    if state.release.wait(0.2):
+                        break
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up on this answer: what the test wants
+            self.close_connection = True
             return
         with state.lock:
             cut = name in state.cut and len(data) > 1
@@ -184,3 +196,29 @@ def test_a_missing_manifest_on_a_live_server_is_still_no_manifest(tmp_path: Path
     with serving(behaviour) as url, pytest.raises(ManifestError, match="no manifest"):
         ShardDataset(url)
     assert len(behaviour.requests) == 1  # a 404 is not retried
+
+
+@pytest.mark.parametrize("reading", ["without read-ahead", "verify=True"])
+def test_a_trickling_shard_read_is_cut_by_the_attempt_deadline(built: Path, reading: str) -> None:
+    """A shard body that trickles in never trips the read timeout. The reads that do not go
+    through read-ahead (no read-ahead and no cache; verify's whole-shard sha256) are ranged
+    fetches like every other remote read, each attempt under its deadline, and the third failure
+    names the shard. (Over http the open fsspec file this replaced was cut by fsspec's own
+    timeout too; over s3 it was not: s3fs's file reads had only botocore's per-wait timeout.)"""
+    from loader import ReadOptions
+    from loader.source import worst_case_s
+
+    behaviour = Behaviour(built, trickle=".tar")
+    with serving(behaviour) as url:
+        options = RemoteOptions(connect_timeout_s=1, read_timeout_s=1, read_ahead_bytes=0)
+        read = ReadOptions(remote=options, verify=reading == "verify=True")
+        dataset = ShardDataset(url, read=read, shuffle=False)
+        started = time.monotonic()
+        with pytest.raises(UnreachableError) as info:
+            next(iter(dataset))
+        elapsed = time.monotonic() - started
+    biggest = max(entry.num_bytes for entry in dataset.manifest.shards)
+    assert elapsed < worst_case_s(options, biggest + 1) + 5
+    assert info.value.url.startswith(f"{url}/shard-") and info.value.url.endswith(".tar")
+    gets = [name for method, name in behaviour.requests if method == "GET"]
+    assert gets.count(info.value.url.rsplit("/", 1)[1]) == 3
