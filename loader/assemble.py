@@ -12,7 +12,8 @@ window keeps copies of its first samples (``Carried``, one buffer), not the wind
 The result is exactly the per-sample path's: same samples, order, fields and
 values (``tests/unit/test_assemble.py``). A batch it cannot describe as arrays
 (a sample missing a field or holding one twice, fields in another order, a
-member failing its checksum, a sample whose tar header is damaged) is made by
+member failing its checksum, a sample whose tar header is damaged: with a
+version 3 index the checksums cover the headers) is made by
 the per-sample path instead, which gives the same batch or raises the same
 ``CorruptShardError``, naming the sample.
 """
@@ -28,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.utils.data
+import xxhash
 from torch.utils.data._utils.collate import default_collate
 
 from loader.arena import Arena
@@ -44,7 +46,9 @@ class Window:
     """One read window's samples as arrays over window positions (chunk after chunk).
 
     Member ``m`` lies in chunk ``chunk[m]``'s buffer at ``offset[m]``, ``size[m]``
-    bytes, with recorded checksum ``checksum[m]``; it belongs to field
+    bytes, with recorded checksum ``checksum[m]`` of the buffer's bytes from ``hashed[m]``
+    to its end (its tar header and the padding before it too, for a version 3 index;
+    ``covers_headers`` is True if any chunk's index is of version 3); it belongs to field
     ``names[field[m]]``. Window sample ``p`` owns members ``begin[p]:end[p]``;
     ``damaged[p]``: one of its tar headers is damaged (``Chunk.table``).
     """
@@ -62,6 +66,8 @@ class Window:
         self.end = np.concatenate([t.end + b for t, b in zip(tables, base, strict=False)])
         self.size = np.concatenate([t.size for t in tables])
         self.offset = np.concatenate([t.offset for t in tables])
+        self.hashed = np.concatenate([t.hashed for t in tables])
+        self.covers_headers = any(c.index_version != 2 for c in chunks)
         self.checksum = np.concatenate([t.checksum for t in tables])
         self.damaged = np.concatenate([t.damaged for t in tables])
         self.any_damaged = bool(self.damaged.any())
@@ -93,6 +99,39 @@ class Window:
             )
         ]
 
+    def hashed_views(self, numbers: IntArray) -> list[memoryview]:
+        """The bytes each of the given members' checksums covers, as views (no copy): with
+        a version 3 index from the end of the previous member's data (or the sample's
+        start) to the end of its own data, else the member's data."""
+        if not self.covers_headers:
+            return self.members(numbers)
+        buffers, end = self.buffers, self.offset[numbers] + self.size[numbers]
+        return [
+            buffers[c][a:b]
+            for c, a, b in zip(
+                self.chunk[numbers].tolist(),
+                self.hashed[numbers].tolist(),
+                end.tolist(),
+                strict=True,
+            )
+        ]
+
+    def prefixes(self, numbers: IntArray) -> list[memoryview] | None:
+        """The hashed bytes before each of the given members' data (its tar header and the
+        padding before it), as views; None if no checksum of this window covers them."""
+        if not self.covers_headers:
+            return None
+        buffers = self.buffers
+        return [
+            buffers[c][a:b]
+            for c, a, b in zip(
+                self.chunk[numbers].tolist(),
+                self.hashed[numbers].tolist(),
+                self.offset[numbers].tolist(),
+                strict=True,
+            )
+        ]
+
     def sample(self, p: int) -> dict[str, Any]:
         """Window sample ``p`` as the per-sample path hands it out (checksum checked)."""
         c = int(np.searchsorted(self._starts, p, side="right")) - 1
@@ -116,7 +155,8 @@ class Window:
         members = np.repeat(self.begin[positions] - starts[:-1], counts) + np.arange(starts[-1])
         views = self.members(members)
         if self.checks:
-            got = np.fromiter(map(payload_checksum, views), np.uint64, len(views))
+            hashed = self.hashed_views(members) if self.covers_headers else views
+            got = np.fromiter(map(payload_checksum, hashed), np.uint64, len(views))
             bad = np.flatnonzero(got != self.checksum[members])
             if self.any_damaged:
                 bad = np.union1d(bad, starts[:-1][self.damaged[positions]])
@@ -154,6 +194,8 @@ class Carried(Window):
         self.size = window.size[members]
         self.offset = np.zeros(len(members), dtype=np.int64)
         np.cumsum(self.size[:-1], out=self.offset[1:])
+        self.hashed = self.offset  # checked as they were copied: never hashed again
+        self.covers_headers = False
         self.checksum = window.checksum[members]
         self.damaged = np.zeros(len(positions), dtype=np.bool_)
         self.any_damaged = False
@@ -268,7 +310,10 @@ def _gather(
     parts = [window.members(members) for window, members in segments]
     if total < SHARE_BYTES or (arena is None and recycler is None):
         for (window, members), part in zip(segments, parts, strict=True):
-            if window.checks and not _matches(window, members, map(payload_checksum, part)):
+            if not window.checks:
+                continue
+            hashed = window.hashed_views(members) if window.covers_headers else part
+            if not _matches(window, members, map(payload_checksum, hashed)):
                 return None
         joined = bytearray().join([view for part in parts for view in part])
         data = (
@@ -311,7 +356,9 @@ def _copy_checked(
     Each member is hashed right after it is copied, while its bytes are still in
     the cache. Hashing the window's bytes first and copying them afterwards read
     them from memory twice: the gather ran at 10 GB/s that way and 13-14 GB/s
-    this way (members of 30-100 KiB). The checksum covers the bytes handed out.
+    this way (members of 30-100 KiB). The checksum covers the bytes handed out
+    (and, for a version 3 index, the header and padding before them: hashed from the
+    window first, then the copy, with one streaming xxh3).
     """
     i = 0
     for (window, members), part in zip(segments, parts, strict=True):
@@ -322,9 +369,17 @@ def _copy_checked(
                 out[a:b] = view
             continue
         sums = []
-        for view, (a, b) in zip(part, bounds, strict=True):
-            out[a:b] = view
-            sums.append(payload_checksum(out[a:b]))
+        prefixes = window.prefixes(members)
+        if prefixes is None:
+            for view, (a, b) in zip(part, bounds, strict=True):
+                out[a:b] = view
+                sums.append(payload_checksum(out[a:b]))
+        else:
+            for view, prefix, (a, b) in zip(part, prefixes, bounds, strict=True):
+                out[a:b] = view
+                hashed = xxhash.xxh3_64(prefix)  # seed 0: payload_checksum of prefix + data
+                hashed.update(out[a:b])
+                sums.append(hashed.intdigest())
         if not _matches(window, members, sums):
             return False
     return True

@@ -11,8 +11,10 @@ then ``shardprep.integrity.check_index``) before it is used, every read is
 bounded by the index and the file's size, a zstd frame is decompressed only
 to the span its index gives it, and each sample's checksum is compared when
 the sample is handed out (``Chunk.sample``). The tar headers between the members
-(which this reader skips, but ``tar`` and WebDataset read) are compared, once per
-chunk, with the ones the writer makes from the index (``damaged_headers``).
+(which this reader skips, but ``tar`` and WebDataset read) are covered by those
+checksums in a version 3 index (each member's checksum covers the previous member's
+padding, its header records and its data); for a version 2 index they are compared,
+once per chunk, with the ones the writer makes from the index (``damaged_headers``).
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ from shardprep.errors import ChecksumMismatchError, ManifestError
 from shardprep.integrity import (
     FrameError,
     check_index,
+    damage_of,
     damaged_headers,
     decompress_frame,
     first_damaged_sample,
     salvage_frame,
 )
 from shardprep.manifest import Manifest
-from shardprep.shardformat import ShardIndex, decode_index, payload_checksum, tar_header
+from shardprep.shardformat import (
+    ShardIndex,
+    decode_index,
+    hashed_from,
+    payload_checksum,
+    tar_header,
+)
 
 __all__ = ["BufferPool", "Chunk", "ChunkTable", "RangeIO", "ShardReader", "UncheckedChunk"]
 
@@ -55,8 +64,11 @@ class ChunkTable:
     """A chunk's samples as arrays: yielded sample ``j`` owns members ``begin[j]:end[j]``.
 
     Member ``m`` is ``data[offset[m]:offset[m] + size[m]]``, its extension
-    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``. ``damaged[j]``: a tar
-    header of sample ``j``'s members is not the writer's (the sample must not be handed out).
+    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``, of the bytes
+    ``data[hashed[m]:offset[m] + size[m]]`` (its header and the padding before it too, for a
+    version 3 index; ``hashed`` is ``offset`` for version 2). ``damaged[j]``: a tar header of
+    sample ``j``'s members is not the writer's (version 2 only: the sample must not be
+    handed out).
     """
 
     data: bytes | memoryview
@@ -65,6 +77,7 @@ class ChunkTable:
     begin: IntArray
     end: IntArray
     offset: IntArray
+    hashed: IntArray
     size: IntArray
     ext: IntArray
     checksum: npt.NDArray[np.uint64]
@@ -76,12 +89,13 @@ class ChunkTable:
 class Chunk:
     """The bytes of consecutive samples of one shard, and how to cut them into samples.
 
-    :meth:`sample` checks the sample's checksum before handing it out. The
-    per-sample lists it uses are made on its first call: the batch path
+    :meth:`sample` checks the sample's checksums before handing it out: with a
+    version 3 index they cover its tar headers and the padding between its members
+    too. The per-sample lists it uses are made on its first call: the batch path
     (:meth:`table`) reads the index's arrays directly and never needs them.
-    The tar headers of all the chunk's members are checked at once, on the
-    first call of either (``damaged_headers``); a sample with a damaged one is
-    refused as a sample failing its checksum is.
+    For a version 2 index (data-only checksums) the tar headers of all the chunk's
+    members are compared at once, right after the read (``damaged_headers``); a
+    sample with a damaged one is refused as a sample failing its checksum is.
     """
 
     checks = True  # verify every member's checksum as its sample is handed out
@@ -124,6 +138,11 @@ class Chunk:
         self._selection = selection  # samples of the chunk in yield order (reweighting), or all
         self.extra = extra or {}  # per yielded sample: more fields, e.g. "__weight__"
 
+    @property
+    def index_version(self) -> int:
+        """The version of the chunk's shard index (3: checksums cover the tar headers)."""
+        return self._index.version
+
     def __len__(self) -> int:
         return self._stop - self._first if self._selection is None else len(self._selection)
 
@@ -135,15 +154,16 @@ class Chunk:
 
     def _per_sample(self) -> _SampleLists:
         if self._lists is None:
-            self._lists = _SampleLists(self._index, self._first, self._stop, self._base)
+            self._lists = _SampleLists(self._index, self._first, self._stop, self._base, self._data)
         return self._lists
 
     def _header_damage(self) -> dict[int, int]:
         """The chunk's samples (numbered from its first) with a damaged tar header, each
-        with its first damaged member; worked out once, for the whole chunk."""
+        with its first damaged member; worked out once, for the whole chunk. Only for a
+        version 2 index: a version 3 index's checksums cover the headers (empty)."""
         if self._bad_headers is None:
             bad: dict[int, int] = {}
-            if self.checks:
+            if self.checks and self._index.version == 2:
                 index, first = self._index, self._first
                 members = damaged_headers(index, self._data, self._base, first, self._stop)
                 owners = np.searchsorted(index.member_start, members, side="right") - 1 - first
@@ -170,7 +190,7 @@ class Chunk:
         out: dict[str, Any] = {"__key__": lists.keys[j], "__padded__": self.padded}
         if extra:
             out.update(extra)
-        data, exts, offset, size, ext, digest, checksum = (
+        data, exts, offset, size, ext, digest, checksum, hashed = (
             self._data,
             self._exts,
             lists.offset,
@@ -178,15 +198,21 @@ class Chunk:
             lists.ext,
             lists.hash,
             payload_checksum,
+            lists.hashed,  # where each member's hashed bytes start (None: at its data)
         )
         check, view = self.checks, type(data) is memoryview  # views of a reused read buffer
+        whole = lists.view
         for m in range(lists.start[j], lists.start[j + 1]):
             start = offset[m]
-            payload = data[start : start + size[m]]
+            end = start + size[m]
+            payload = data[start:end]
             if view:
                 payload = payload.tobytes()  # type: ignore[union-attr]  # a sample outlives the buffer
-            if check and checksum(payload) != digest[m]:
-                raise self._damaged(j, m, payload)
+            if (
+                check
+                and checksum(payload if hashed is None else whole[hashed[m] : end]) != digest[m]
+            ):
+                raise self._damaged(j, m)
             out[exts[ext[m]]] = payload
         return out
 
@@ -214,6 +240,7 @@ class Chunk:
             begin=begin,
             end=end,
             offset=(index.member_offset[members] - np.uint64(self._base)).astype(np.int64),
+            hashed=hashed_from(index, a, b) - self._base,
             size=index.member_size[members].astype(np.int64),
             ext=index.member_ext[members].astype(np.int64),
             checksum=index.member_hash[members],
@@ -222,15 +249,41 @@ class Chunk:
             extra=self.extra,
         )
 
-    def _damaged(self, j: int, m: int, payload: bytes | memoryview) -> CorruptShardError:
-        lists = self._per_sample()
+    def _damaged(self, j: int, m: int) -> CorruptShardError:
+        """The error for member ``m`` (of the chunk) of sample ``j`` failing its checksum,
+        saying what is damaged: its tar header, the padding before it, or its data."""
+        lists, index = self._per_sample(), self._index
+        member = int(index.member_start[self._first]) + m
+        if index.version != 2:
+            what = damage_of(index, self._data, self._base, member)
+            if what == "header":
+                return self._damaged_header(j, member)
+        else:
+            what = "data"
+        start = self._base + lists.offset[m]
+        hashed = start if lists.hashed is None else self._base + lists.hashed[m]
+        end = start + lists.size[m]
+        got = payload_checksum(memoryview(self._data)[hashed - self._base : end - self._base])
+        ext = self._exts[lists.ext[m]]
+        if what == "padding":
+            where = f"the zero padding before its .{ext} member's tar header (offset {hashed})"
+            return CorruptShardError.at(
+                self._shard,
+                lists.keys[j],
+                int(index.sample_offset[self._first + j]),
+                f"{where} is not zeros: the shard's bytes are damaged",
+            )
+        covered = (
+            f"the {lists.size[m]} bytes at offset {start}"
+            if lists.hashed is None
+            else f"its tar header at offset {hashed} and its {lists.size[m]} bytes at offset {start}"
+        )
         return CorruptShardError.at(
             self._shard,
             lists.keys[j],
-            int(self._index.sample_offset[self._first + j]),
-            f"checksum mismatch in its .{self._exts[lists.ext[m]]} member (the "
-            f"{lists.size[m]} bytes at offset {self._base + lists.offset[m]} hash to "
-            f"{payload_checksum(payload):#018x}, the index recorded {lists.hash[m]:#018x}): "
+            int(index.sample_offset[self._first + j]),
+            f"checksum mismatch in its .{ext} member ({covered} hash to "
+            f"{got:#018x}, the index recorded {lists.hash[m]:#018x}): "
             "the shard's bytes are damaged",
         )
 
@@ -257,10 +310,17 @@ class _SampleLists:
     Member numbers are relative to the chunk (its first member is 0), offsets to ``base``.
     """
 
-    __slots__ = ("ext", "hash", "keys", "offset", "size", "start")
+    __slots__ = ("ext", "hash", "hashed", "keys", "offset", "size", "start", "view")
 
-    def __init__(self, index: ShardIndex, a: int, b: int, base: int) -> None:
+    def __init__(
+        self, index: ShardIndex, a: int, b: int, base: int, data: bytes | memoryview
+    ) -> None:
         first, last = int(index.member_start[a]), int(index.member_start[b])
+        # version 3: member m's checksum covers view[hashed[m]:offset[m] + size[m]]
+        self.hashed: list[int] | None = None
+        self.view = memoryview(data)
+        if index.version != 2:
+            self.hashed = (hashed_from(index, a, b) - base).tolist()
         self.keys: list[str] = key_list(index, a, b)
         self.hash: list[int] = index.member_hash[first:last].tolist()
         self.start: list[int] = (index.member_start[a : b + 1] - first).tolist()
@@ -730,9 +790,11 @@ class RangeIO(Protocol):
 
 
 def _headers_checked(chunk: Chunk) -> Chunk:
-    """``chunk`` with its tar headers compared now, while its bytes are still in the CPU's
-    cache from the read (its samples are handed out after the whole window is read)."""
-    chunk._header_damage()
+    """``chunk`` with its tar headers compared now (version 2 indexes), while its bytes are
+    still in the CPU's cache from the read (its samples are handed out after the whole
+    window is read). A version 3 index's checksums cover the headers: nothing to do."""
+    if chunk._index.version == 2:
+        chunk._header_damage()
     return chunk
 
 

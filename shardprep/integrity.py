@@ -15,8 +15,11 @@ so that nothing read from an index is trusted before it is checked:
 - :func:`salvage_frame`: the part of a damaged frame that still decodes, to
   name the first damaged sample.
 - :func:`damaged_headers`: the members of a range whose tar header records are
-  not the bytes the writer makes from the index (the per-member checksums
-  cover only the data; ``tar``, ``tarfile`` and WebDataset read the headers).
+  not the bytes the writer makes from the index. A version 3 index's checksums
+  cover the headers (and the padding between members) already: this is needed
+  on the hot path only for version 2 indexes, whose checksums cover only the
+  data (``tar``, ``tarfile`` and WebDataset read the headers); for version 3,
+  :func:`damage_of` uses it to say what of a failing member is damaged.
 
 ``docs/format.md`` ("Validation") lists the same rules.
 """
@@ -38,6 +41,7 @@ from shardprep.shardformat import (
     EOF_MARKER,
     FRAME_BYTES,
     ShardIndex,
+    hashed_from,
     payload_checksum,
     tar_header,
 )
@@ -47,6 +51,7 @@ __all__ = [
     "FrameError",
     "check_index",
     "damaged_headers",
+    "damage_of",
     "damaged_samples",
     "decompress_frame",
     "first_damaged_sample",
@@ -330,6 +335,9 @@ def damaged_samples(
     """Samples of ``start..stop-1`` with a member missing from ``data`` or failing its checksum.
 
     ``data`` holds the tar bytes from offset ``base``; ``first_only`` stops at the first one.
+    A member's checksum covers what its index version says (:func:`hashed_from`): for a
+    version 3 index the headers and the padding between members too. A version 2 index's
+    samples are also checked here for damaged headers (:func:`damaged_headers`).
     """
     view = memoryview(data)
     starts, offsets, sizes, hashes = (
@@ -338,17 +346,58 @@ def damaged_samples(
         index.member_size,
         index.member_hash,
     )
+    m0 = int(starts[start]) if stop > start else 0
+    hashed = (hashed_from(index, start, stop) - base).tolist() if stop > start else []
     found = []
     for i in range(start, stop):
         for m in range(int(starts[i]), int(starts[i + 1])):
-            a = int(offsets[m]) - base
-            b = a + int(sizes[m])
+            a = hashed[m - m0]
+            b = int(offsets[m]) - base + int(sizes[m])
             if b > len(view) or payload_checksum(view[a:b]) != int(hashes[m]):
                 found.append(i)
                 if first_only:
                     return found
                 break
+    if index.version == 2:
+        found = _with_damaged_headers(index, view, base, start, stop, found, first_only)
     return found
+
+
+def _with_damaged_headers(
+    index: ShardIndex,
+    view: memoryview,
+    base: int,
+    start: int,
+    stop: int,
+    found: list[int],
+    first_only: bool,
+) -> list[int]:
+    """``found`` and the samples of ``start..stop-1`` that ``view`` holds whole with a
+    damaged header (version 2 checksums do not cover headers)."""
+    whole = stop
+    while whole > start and int(index.sample_offset[whole]) - base > len(view):
+        whole -= 1  # samples cut off by the end of ``view`` are in ``found`` already
+    members = damaged_headers(index, view, base, start, whole)
+    owners = np.searchsorted(index.member_start, members, side="right") - 1
+    merged = sorted(set(found) | set(owners.tolist()))
+    return merged[:1] if first_only else merged
+
+
+def damage_of(index: ShardIndex, data: bytes | memoryview, base: int, member: int) -> str:
+    """What of ``member`` is damaged, for an error message once its checksum failed:
+    ``"header"`` (its tar header records), ``"padding"`` (the zeros before them, which a
+    version 3 checksum covers) or ``"data"``. ``data`` holds the tar bytes from ``base``
+    to at least the end of the member's sample."""
+    sample = int(np.searchsorted(index.member_start, member, side="right")) - 1
+    headers = damaged_headers(index, data, base, sample, sample + 1)
+    if member in headers.tolist():
+        return "header"
+    if index.version != 2 and member > int(index.member_start[sample]):
+        end = int(index.member_offset[member - 1]) + int(index.member_size[member - 1]) - base
+        pad = -int(index.member_size[member - 1]) % BLOCK
+        if bytes(memoryview(data)[end : end + pad]) != bytes(pad):
+            return "padding"
+    return "data"
 
 
 def first_damaged_sample(

@@ -16,8 +16,12 @@ the table of independent zstd frames. A reader can thus start at any sample
 without parsing tar headers or decompressing from the start of the shard.
 
 Every member of every sample also has a checksum in the index
-(``member_hash``): xxh3_64 of the member's data, exactly the bytes a reader
-hands out. :func:`payload_checksum` is the definition.
+(``member_hash``). Since index version 3 it is xxh3_64 of the member's tar bytes
+from the end of the previous member's data (or the sample's start) to the end of
+its own data: the previous member's zero padding, its header record(s) and its
+data, so a sample's checksums cover every byte from its first header to its last
+member's data (:func:`hashed_from`). Version 2 indexes (still read) hash the data
+only. :func:`payload_checksum` is the hash.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ __all__ = [
     "MANIFEST_NAME",
     "ShardIndex",
     "decode_index",
+    "READ_VERSIONS",
     "encode_index",
+    "hashed_from",
     "index_name",
     "padding",
     "payload_checksum",
@@ -53,14 +59,18 @@ BLOCK = 512
 EOF_MARKER = bytes(2 * BLOCK)
 MANIFEST_NAME = "manifest.json"
 INDEX_MAGIC = b"SHPIDX\x00\x01"
-INDEX_VERSION = 2
+INDEX_VERSION = 3
+"""Written by this shardprep: ``member_hash`` covers each member's header and padding too."""
+READ_VERSIONS = (2, 3)
+"""Index versions this shardprep reads (2: ``member_hash`` covers the member's data only)."""
 FRAME_BYTES = 256 << 10
 """A .tar.zst frame is closed once it holds this many tar bytes (whole samples only)."""
 CHECKSUM_ALGORITHM = "xxh3_64"
 
 payload_checksum = xxhash.xxh3_64_intdigest
 """``payload_checksum(data) -> int``: the checksum (xxh3_64, seed 0, as an unsigned 64-bit
-integer) of one member's data, stored in ``member_hash``; accepts any buffer."""
+integer) stored in ``member_hash``: of a member's hashed span (:func:`hashed_from`) in a
+version 3 index, of its data in a version 2 index; accepts any buffer."""
 
 
 def shard_name(index: int, compression: str) -> str:
@@ -150,7 +160,7 @@ _ARRAY_DTYPES: dict[str, str] = {
     "member_ext": "<u2",  # m: position of the member's extension in ``exts``
     "member_offset": "<u8",  # m: tar offset of the member's data
     "member_size": "<u8",  # m: data size in bytes
-    "member_hash": "<u8",  # m: payload_checksum of the member's data (version 2)
+    "member_hash": "<u8",  # m: payload_checksum of [hashed_from, data end) (v2: of the data)
     "label": "<i4",  # n: class index, -1 when unlabelled
     "copy": "<u4",  # n: 0 for an original sample, k for its k-th resampled copy
     "multiplicity": "<u4",  # n: copies of this sample's source in the whole output (0 never)
@@ -183,6 +193,7 @@ class ShardIndex:
     frame_offset: npt.NDArray[np.uint64]
     key_blob: npt.NDArray[np.uint8]
     source_blob: npt.NDArray[np.uint8]
+    version: int = INDEX_VERSION  # 3: member_hash covers headers and padding; 2: data only
 
     @property
     def num_samples(self) -> int:
@@ -202,11 +213,34 @@ class ShardIndex:
         )
 
 
-def encode_index(exts: list[str], arrays: dict[str, Any]) -> bytes:
-    """Serialize an index: magic, u64 header length, JSON header, 8-aligned arrays."""
+def hashed_from(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.int64]:
+    """Where the bytes that ``member_hash`` covers start, for each member of samples ``a:b``.
+
+    Version 3: the end of the previous member's data, or the sample's start for its first
+    member, so member ``m`` hashes ``[hashed_from[m], member_offset[m] + member_size[m])``
+    (the previous member's padding, its header records, its data) and a sample's members
+    tile its bytes. Version 2: ``member_offset`` (the data only).
+    """
+    m0, m1 = int(index.member_start[a]), int(index.member_start[b])
+    offset = index.member_offset[m0:m1].astype(np.int64)
+    if index.version == 2 or m1 == m0:
+        return offset
+    start = np.empty(m1 - m0, dtype=np.int64)
+    start[1:] = offset[:-1] + index.member_size[m0 : m1 - 1].astype(np.int64)
+    firsts = index.member_start[a:b].astype(np.int64) - m0
+    start[firsts] = index.sample_offset[a:b].astype(np.int64)
+    return start
+
+
+def encode_index(exts: list[str], arrays: dict[str, Any], version: int = INDEX_VERSION) -> bytes:
+    """Serialize an index: magic, u64 header length, JSON header, 8-aligned arrays.
+
+    ``version`` other than :data:`INDEX_VERSION` is for tests that make older outputs (the
+    caller's ``member_hash`` must then follow that version's definition).
+    """
     header: dict[str, Any] = {
         "format": "shardprep-index",
-        "version": INDEX_VERSION,
+        "version": version,
         "exts": exts,
         "arrays": {},
     }
@@ -237,18 +271,20 @@ def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
         header = json.loads(data[16 : 16 + head_len])
         if not isinstance(header, dict) or header.get("format") != "shardprep-index":
             raise ValueError("not a shardprep-index header")
-        if header.get("version") != INDEX_VERSION:
+        version = header.get("version")
+        if type(version) is not int or version not in READ_VERSIONS:
             raise ManifestError(
-                f"{path}: index format version {header.get('version')!r} is not the version "
-                f"{INDEX_VERSION} this shardprep reads (version 1 indexes have no per-sample "
-                "checksums); rebuild the output with this shardprep (shardprep build ... --overwrite)",
+                f"{path}: index format version {version!r} is not one of the versions "
+                f"{', '.join(map(str, READ_VERSIONS))} this shardprep reads (version 1 indexes "
+                "have no per-sample checksums); rebuild the output with this shardprep "
+                "(shardprep build ... --overwrite)",
                 path,
             )
         base = 16 + head_len
         exts = header["exts"]
         if not isinstance(exts, list) or not all(isinstance(e, str) and e for e in exts):
             raise ValueError("exts is not a list of extensions")
-        fields: dict[str, Any] = {"exts": tuple(exts)}
+        fields: dict[str, Any] = {"exts": tuple(exts), "version": version}
         for name, dtype in _ARRAY_DTYPES.items():
             stored_dtype, offset, length = header["arrays"][name]
             itemsize = np.dtype(dtype).itemsize

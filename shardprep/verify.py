@@ -7,7 +7,9 @@ Checks, per shard (``docs/cli.md`` lists them for users):
 - the shard and index files exist, have the sizes and sha256 the manifest gives;
 - the index agrees with the manifest entry and describes the tar layout
   exactly (``shardprep.integrity.check_index``);
-- every member of every sample matches its checksum in the index (the
+- every member of every sample matches its checksum in the index (for a
+  version 3 index it covers the member's tar header and the padding before it;
+  for version 2 the headers are compared with the writer's as well; the
   damaged samples are named by key); for ``.tar.zst``, every frame
   decompresses on its own to exactly its span, never further;
 - reading the tar from the start finds exactly the members the index lists,

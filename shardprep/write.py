@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
+import xxhash
 
 from shardprep.errors import WriteError
 from shardprep.inventory import SampleRef
@@ -28,7 +29,6 @@ from shardprep.shardformat import (
     decode_index,
     encode_index,
     index_name,
-    payload_checksum,
     shard_name,
     tar_header,
 )
@@ -99,13 +99,18 @@ class _ShardBuffer:
         self.frame_offset = array("Q")
 
     def add(self, key: bytes, members: list[tuple[str, bytes]], sample: SampleRef) -> None:
-        """Append one sample's members as tar records and record them in the index."""
+        """Append one sample's members as tar records and record them in the index.
+
+        Each member's checksum covers the previous member's padding (nothing for the
+        first), its header records and its data (``shardformat.hashed_from``).
+        """
         buffer = self.buffer
         position = self.flushed + len(buffer)
         if self._zstd is not None and not buffer:
             self.frame_sample.append(len(self.label))  # this sample opens a new frame
             self.frame_offset.append(self.file_bytes)
         self.sample_offset.append(position)
+        pad = 0  # the previous member's padding, the start of this member's hashed bytes
         for ext, data in members:
             ext_id, dot_ext = self._exts.get(ext) or self._new_ext(ext)
             size = len(data)
@@ -114,7 +119,10 @@ class _ShardBuffer:
             self.member_ext.append(ext_id)
             self.member_offset.append(position)
             self.member_size.append(size)
-            self.member_hash.append(payload_checksum(data))
+            hashed = xxhash.xxh3_64(_ZEROS[:pad])  # seed 0, as payload_checksum
+            hashed.update(header)
+            hashed.update(data)
+            self.member_hash.append(hashed.intdigest())
             pad = -size % BLOCK
             buffer += header
             buffer += data

@@ -47,10 +47,10 @@ def rewrite_index(out: Path, shard: int, edit: Callable[[dict[str, Any]], None])
     arrays = {
         f.name: np.array(getattr(index, f.name))
         for f in dataclasses.fields(ShardIndex)
-        if f.name != "exts"
+        if f.name not in ("exts", "version")
     }
     edit(arrays)
-    data = encode_index(list(index.exts), arrays)
+    data = encode_index(list(index.exts), arrays, version=index.version)
     (out / f"shard-{shard:05d}.idx").write_bytes(data)
     _update_entry(out, shard, index_sha256=hashlib.sha256(data).hexdigest(), index_bytes=len(data))
 

@@ -152,13 +152,14 @@ def test_a_lying_index_is_an_error_naming_shard_and_key(
 
 
 def test_a_size_lie_inside_the_padding_fails_the_checksum(built: Path, tmp_path: Path) -> None:
-    """size - 1 keeps the block layout: the payload's checksum catches it."""
+    """size - 1 keeps the block layout: the member's tar header (which records the true size)
+    is then not the one the index describes, and its checksum fails too."""
     out = copy_output(built, tmp_path / "out")
     index = index_of(out, 1)
     member = int(index.member_start[4])
     assert int(index.member_size[member]) % 512 != 1  # same number of blocks after the lie
     rewrite_index(out, 1, _lie("member_size", member, lambda v: v - 1))
-    with pytest.raises(CorruptShardError, match="checksum mismatch") as info:
+    with pytest.raises(CorruptShardError, match="the tar header of its .bin member") as info:
         list(ShardDataset(str(out), shuffle=False))
     assert info.value.key == index.key(4)
     assert "1 damaged sample(s)" in "\n".join(verify_output(str(out)).problems)

@@ -228,7 +228,12 @@ def test_index_round_trip(frames: bool) -> None:
         "source_blob": np.uint8,
     }
     # every array of the format is covered here
-    assert {f.name for f in dataclasses.fields(ShardIndex)} == {"exts", *expected_dtypes}
+    assert {f.name for f in dataclasses.fields(ShardIndex)} == {
+        "exts",
+        "version",
+        *expected_dtypes,
+    }
+    assert index.version == 3
     for name, dtype in expected_dtypes.items():
         got = getattr(index, name)
         assert got.dtype == np.dtype(dtype), name
@@ -246,7 +251,7 @@ def test_index_header_is_sorted_json_with_version() -> None:
     assert head_len % 8 == 0
     header = json.loads(data[16 : 16 + head_len])
     assert header["format"] == "shardprep-index"
-    assert header["version"] == 2  # 2: per-member checksums (member_hash)
+    assert header["version"] == 3  # 2: member_hash (data); 3: it covers headers and padding
     assert header["arrays"]["label"][0] == "<i4"
     assert header["arrays"]["member_hash"][0] == "<u8"
     assert header["arrays"]["sample_offset"][1] == 0  # first array right after the header
@@ -331,3 +336,30 @@ def test_decode_rejects_corrupt_headers() -> None:
     huge = INDEX_MAGIC + struct.pack("<Q", 1 << 40) + data[16:]
     with pytest.raises(ManifestError):
         decode_index(huge, "y.idx")
+
+
+def test_version_2_is_read_and_others_refused() -> None:
+    """Version 2 (data-only checksums) is still read and says so; 1 and 4 are refused."""
+    from shardprep.errors import ManifestError
+
+    index = decode_index(encode_index(["jpg"], _arrays(False), version=2))
+    assert index.version == 2
+    assert decode_index(encode_index(["jpg"], _arrays(False))).version == 3
+    for version in (1, 4, "3"):
+        data = encode_index(["jpg"], _arrays(False), version=version)  # type: ignore[arg-type]
+        with pytest.raises(ManifestError, match=f"index format version {version!r} is not one"):
+            decode_index(data, "x.idx")
+
+
+def test_hashed_from_tiles_each_sample() -> None:
+    """Version 3: a member's hashed bytes start at the previous member's data end, or at its
+    sample's start; version 2: at its data."""
+    from shardprep.shardformat import hashed_from
+
+    arrays = _arrays(False)
+    v3 = decode_index(encode_index(["jpg", "cls", "seg.png"], arrays))
+    assert hashed_from(v3, 0, 3).tolist() == [0, 522, 2048, 5120, 6632]
+    assert hashed_from(v3, 1, 3).tolist() == [2048, 5120, 6632]
+    assert hashed_from(v3, 2, 2).tolist() == []
+    v2 = decode_index(encode_index(["jpg", "cls", "seg.png"], arrays, version=2))
+    assert hashed_from(v2, 0, 3).tolist() == [512, 1536, 2560, 5632, 7168]
