@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +11,6 @@ import torch.utils.data
 from loader import ShardDataset
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import OPTIONS, built_before_group, train_like
-from tests.processes import run_bounded
 
 pytestmark = pytest.mark.distributed
 
@@ -81,34 +78,3 @@ def test_dataset_made_before_the_process_group_splits_by_its_final_rank(
         assert not set(halves[0]) & set(halves[1])
         assert len(set(halves[0]) | set(halves[1])) == 102
     assert results[0]["epochs"][0] != results[0]["epochs"][1], "persistent workers, epoch 2"
-
-
-def test_ddp_example_runs_under_torchrun(built: Path, tmp_path: Path) -> None:
-    script = ROOT / "docs" / "examples" / "train_ddp.py"
-    checkpoint = tmp_path / "ckpt.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(script),
-        str(built),
-        "--epochs",
-        "2",
-        "--checkpoint",
-        str(checkpoint),
-    ]
-    done = run_bounded(command, timeout=240, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "epoch 1" in done.stdout and checkpoint.exists()
-    again = run_bounded(
-        [*command[:-4], "--epochs", "3", "--checkpoint", str(checkpoint)],
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "resumed at epoch 2" in again.stdout
