@@ -162,6 +162,7 @@ def _check_home(home: str) -> None:
         raise ValueError(
             f"{home}: a file is in the way of the cache folder; move it or choose another cache_dir"
         )
+    _check_owner(home)
     try:
         with open(os.path.join(home, MARKER), "rb") as f:
             text = f.read(len(MARKER_TEXT) + 1).decode("utf-8", "replace")
@@ -189,6 +190,18 @@ def _check_folder(folder: str) -> None:
         raise ValueError(
             f"{folder}: {what} where the cache keeps an output's files; the cache never "
             "writes or deletes through links: remove it (the cache makes the folder again)"
+        )
+    _check_owner(folder)
+
+
+def _check_owner(folder: str) -> None:
+    """``folder`` belongs to this user: in a folder another user owns (a shared ``/tmp``),
+    that user could swap files or links under the cache between its checks and its uses."""
+    owner = os.lstat(folder).st_uid
+    if owner != os.geteuid():
+        raise ValueError(
+            f"{folder}: owned by another user (uid {owner}), who could change what the cache "
+            "reads and deletes there; choose a cache_dir of your own"
         )
 
 
@@ -411,7 +424,10 @@ class ShardCache:
         costs a check at the next open."""
         path = final + STAMP
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            # a new file, never an old one truncated: a hard link planted under the stamp's
+            # name loses its name here, and the file it links to is left as it was
+            _unlink_quietly(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except OSError as err:
             log.warning(
                 "cache: cannot write %s (%s); it is checked again at its next use", path, err

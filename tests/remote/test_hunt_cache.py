@@ -76,3 +76,41 @@ def test_an_output_folder_swapped_for_a_symlink_after_open_is_refused(
     with pytest.raises(ValueError, match="a symlink where the cache keeps"):
         cache.open(entry)
     assert contents(victim) == USER
+
+
+def test_a_hard_link_under_a_stamp_name_keeps_its_file(
+    s3: S3Server, url: str, tmp_path: Path
+) -> None:
+    """The stamp is a new file: a hard link planted under its name is replaced, not truncated."""
+    options = RemoteOptions(storage_options=s3.storage_options(), cache_dir=str(tmp_path / "c"))
+    source = Source(url, options)
+    manifest = source.manifest()
+    cache = ShardCache.for_output(source, manifest)
+    assert cache is not None
+    os.makedirs(cache.folder, exist_ok=True)
+    victim = victim_folder(tmp_path)
+    entry = manifest.shards[0]
+    os.link(victim / "notes.txt", os.path.join(cache.folder, entry.file + ".ok"))
+    with cache.open(entry) as f:  # type: ignore[union-attr]
+        assert len(f.read()) == entry.num_bytes
+    assert contents(victim) == USER
+    assert (victim / "notes.txt").stat().st_nlink == 1  # the cache's stamp is its own file now
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder of another user needs root")
+@pytest.mark.parametrize("which", ["cache folder", "output folder"])
+def test_a_cache_folder_of_another_user_is_refused(
+    s3: S3Server, url: str, tmp_path: Path, which: str
+) -> None:
+    options = RemoteOptions(storage_options=s3.storage_options(), cache_dir=str(tmp_path / "c"))
+    source = Source(url, options)
+    cache = ShardCache(source, source.manifest(), options.cache_dir or "", None)
+    os.makedirs(cache.folder)
+    foreign = tmp_path / "c" / CACHE_FOLDER if which == "cache folder" else Path(cache.folder)
+    os.chown(foreign, 12345, 12345)
+    with pytest.raises(ValueError) as caught:
+        list(ShardDataset(url, read=ReadOptions(remote=options)))
+    assert str(caught.value) == (
+        f"{foreign}: owned by another user (uid 12345), who could change what the cache reads "
+        "and deletes there; choose a cache_dir of your own"
+    )
