@@ -8,31 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import write_class_folders
 from tests.faults.helpers import error_lines, invoke, tree_hashes
-
-
-@contextmanager
-def _tmpfs(where: Path, options: str) -> Iterator[Path]:
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not permitted'})")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
+from tests.filesystems import tmpfs
 
 
 def _raw(tmp_path: Path) -> Path:
@@ -45,7 +27,7 @@ def _hidden_partials(out: Path) -> list[str]:
 
 def test_disk_full_while_writing_shards(tmp_path: Path) -> None:
     raw = _raw(tmp_path)
-    with _tmpfs(tmp_path / "disk", "size=256k") as disk:
+    with tmpfs(tmp_path / "disk", "size=256k") as disk:
         out = disk / "out"
         result = invoke("build", str(raw), str(out), "-n", "4", "-j", "2", "-q")
         assert result.exit_code == 1
@@ -76,7 +58,7 @@ def test_no_space_for_out_journal_or_manifest(
 ) -> None:
     """A tmpfs that runs out of inodes right where OUT, the journal or the manifest is created."""
     raw = _raw(tmp_path)
-    with _tmpfs(tmp_path / "disk", f"size=8m,nr_inodes={inodes}") as disk:
+    with tmpfs(tmp_path / "disk", f"size=8m,nr_inodes={inodes}") as disk:
         out = disk / "out"
         result = invoke("build", str(raw), str(out), "-n", "4", "-j", "1", "-q")
         assert result.exit_code == 1
@@ -102,7 +84,7 @@ def test_no_space_for_out_journal_or_manifest(
 
 def test_read_only_parent_of_out(tmp_path: Path) -> None:
     raw = _raw(tmp_path)
-    with _tmpfs(tmp_path / "ro", "ro,size=64k") as parent:
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as parent:
         out = parent / "out"
         result = invoke("build", str(raw), str(out), "-n", "2", "-q")
         assert result.exit_code == 1

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from shardprep.verify import verify_output
 from tests.faults.helpers import error_lines, invoke, tree_hashes
 from tests.faults.shard_surgery import copy_output, edit_manifest_json, index_of
 from tests.processes import run_bounded
+from tests.stalled_build import kill_stalled_build, names_in
 
 # --- item 3: sizes in the manifest ------------------------------------------------------
 
@@ -132,55 +131,21 @@ def test_file_name_not_utf8_builds_with_a_safe_key(tmp_path: Path) -> None:
 
 # --- item 4: --resume checks the shards it reuses ------------------------------------------
 
-# A real build with 1 worker process that stalls (as on a hung disk) once it has written
-# ``stall_after`` samples, so the test can SIGKILL it with finished shards and a partial one.
-STALLING_BUILD = """
-import sys, time
-import shardprep, shardprep.write as write
-
-raw, out, stall_after, shards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-read_members, count = write._read_members, 0
-
-def stalling(sample, reader):
-    global count
-    count += 1
-    while count > stall_after:
-        time.sleep(3600)
-    return read_members(sample, reader)
-
-write._read_members = stalling
-shardprep.build(raw, out, shards=shards, workers=1, progress=False)
-"""
 SHARDS = 6
 PER_SHARD = 20
 
 
 def _kill_stalled_build(raw: Path, out: Path, tmpdir: Path, finished: int) -> None:
-    """Start the stalling build, wait (bounded) for ``finished`` shards and a partial one,
-    then SIGKILL its whole session."""
+    """A real build with 1 worker process that stalls (as on a hung disk), killed with SIGKILL
+    once ``finished`` shards and a partial one are there."""
+
+    def stuck() -> bool:
+        names = names_in(out)
+        done = [n for n in names if n.startswith("shard-") and n.endswith(".tar")]
+        return len(done) == finished and any(n.endswith(".partial") for n in names)
+
     stall_after = finished * PER_SHARD + PER_SHARD // 2
-    command = [sys.executable, "-c", STALLING_BUILD, str(raw), str(out), str(stall_after)]
-    proc = subprocess.Popen(
-        [*command, str(SHARDS)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            names = os.listdir(out) if out.exists() else []
-            done = [n for n in names if n.startswith("shard-") and n.endswith(".tar")]
-            if len(done) == finished and any(n.endswith(".partial") for n in names):
-                break
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, f"the build never stalled: {names}"
-            time.sleep(0.01)  # polling interval only
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    kill_stalled_build(raw, out, stall_after, {"shards": SHARDS, "workers": 1}, stuck, tmpdir)
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -312,26 +277,15 @@ def test_a_killed_s3_build_leaves_staging_the_next_build_sweeps(tmp_path: Path) 
         s3.create_bucket("own")
         url = "s3://own/out"
         env = {**os.environ, **s3.environment(), "TMPDIR": str(tmp)}
-        command = [sys.executable, "-c", STALLING_BUILD, str(raw), url, str(PER_SHARD * 2)]
-        proc = subprocess.Popen(
-            [*command, str(SHARDS)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            deadline = time.monotonic() + 90
-            while not any(
+
+        def staged() -> bool:
+            return any(
                 p.name.startswith("shardprep-staging-") and any(p.glob(".*.partial"))
                 for p in tmp.iterdir()
-            ):
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "the build never staged a shard"
-                time.sleep(0.01)  # polling interval only
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=30)
+            )
+
+        options = {"shards": SHARDS, "workers": 1}
+        kill_stalled_build(raw, url, PER_SHARD * 2, options, staged, tmp, s3.environment())
         left = sorted(p.name for p in tmp.iterdir())
         assert [name[:-8] for name in left] == ["shardprep-build-", "shardprep-staging-"], left
         holder = _decoys(tmp)

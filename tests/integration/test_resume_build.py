@@ -22,32 +22,12 @@ from shardprep.errors import InputError, ManifestError
 from shardprep.scan import scan
 from shardprep.weighting import select_samples
 from tests.conftest import payload
+from tests.stalled_build import kill_stalled_build, names_in
 
 SHARDS = 8
 PER_SHARD = 40  # samples per shard
 CLASSES = {"ant": 170, "bee": 100, "cat": 50}  # 320 = 8 x 40
 OPTIONS = {"shards": SHARDS, "progress": False}
-
-# Runs a real build with 2 worker processes. Each worker stalls (as on a hung
-# disk) halfway through its second shard, so the build is caught with finished
-# and half-written shards at once; the test then kills it with SIGKILL.
-CHILD = """
-import sys, time
-import shardprep, shardprep.write as write
-
-raw, out, stall_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
-read_members, count = write._read_members, 0
-
-def stalling(sample, reader):
-    global count
-    count += 1
-    while count > stall_after:
-        time.sleep(3600)
-    return read_members(sample, reader)
-
-write._read_members = stalling
-shardprep.build(raw, out, shards=int(sys.argv[4]), workers=2, progress=False, **eval(sys.argv[5]))
-"""
 
 
 def _make_raw(root: Path) -> Path:
@@ -83,40 +63,17 @@ def _scratch_here(folder: Path) -> dict[str, str]:
 
 
 def _kill_mid_build(raw: Path, out: Path, extra: dict[str, object] | None = None) -> None:
-    """Start the stalling build, wait (bounded) until it is stuck, SIGKILL its process group."""
-    stderr = out.parent / f"{out.name}.stderr"
-    with open(stderr, "wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                CHILD,
-                str(raw),
-                str(out),
-                str(PER_SHARD + PER_SHARD // 2),
-                str(SHARDS),
-                repr(extra or {}),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,  # its own process group: the workers die with it
-            env=_scratch_here(out.parent),
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            names = os.listdir(out) if out.exists() else []
-            finished = [n for n in names if n.startswith("shard-") and ".tar" in n]
-            partial = [n for n in names if n.endswith(".partial")]
-            if len(finished) == 2 and len(partial) == 2:  # both workers are stuck
-                break
-            assert proc.poll() is None, f"the build exited early: {stderr.read_text()}"
-            assert time.monotonic() < deadline, f"build never stalled; files: {names}"
-            time.sleep(0.005)  # polling interval only
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    """A real build with 2 worker processes, each stalled (as on a hung disk) halfway through
+    its second shard, killed with SIGKILL once it has finished and half-written shards at once."""
+
+    def stuck() -> bool:
+        names = names_in(out)
+        finished = [n for n in names if n.startswith("shard-") and ".tar" in n]
+        partial = [n for n in names if n.endswith(".partial")]
+        return len(finished) == 2 and len(partial) == 2  # both workers are stuck
+
+    options = {"shards": SHARDS, "workers": 2, **(extra or {})}
+    kill_stalled_build(raw, out, PER_SHARD + PER_SHARD // 2, options, stuck, out.parent, timeout=60)
 
 
 def test_killed_build_then_resume_is_byte_identical(raw: Path, clean: Path, tmp_path: Path) -> None:

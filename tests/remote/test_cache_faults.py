@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from loader.cache import CACHE_FOLDER, ShardCache, cache_bytes
 from loader.source import Source
 from shardprep.errors import ChecksumMismatchError
 from tests.conftest import write_class_folders
+from tests.filesystems import tmpfs
 from tests.s3 import Proxy, S3Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,23 +158,6 @@ def test_a_project_folder_as_cache_dir_keeps_every_user_file(
 # --- 2. a full disk ----------------------------------------------------------------------------
 
 
-@contextmanager
-def tmpfs(where: Path, size: str) -> Iterator[Path]:
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not permitted'})")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-
-
 @pytest.mark.parametrize("preallocate", [True, False], ids=["fallocate", "sparse"])
 def test_a_full_disk_keeps_no_torn_file_and_warns_once(
     s3: S3Server,
@@ -191,7 +173,7 @@ def test_a_full_disk_keeps_no_torn_file_and_warns_once(
     monkeypatch.setattr(ShardCache, "preallocate", preallocate)
     shards = sorted(big.glob("shard-*.tar"))
     indexes = sum(p.stat().st_size for p in big.glob("shard-*.idx"))
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+    with tmpfs(tmp_path / "disk", "size=1m") as disk:
         free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
         room = indexes + 64 * 1024 + min(p.stat().st_size for p in shards) // 2
         (disk / "filler").write_bytes(b"\1" * (free - room))
