@@ -136,6 +136,13 @@ class Arena:
         ticket = Ticket(self.owner, self.ring, begin, size, consumed, storage)
         return self._data[HEADER + begin : HEADER + begin + size], ticket
 
+    def withdraw(self, ticket: Ticket) -> None:
+        """Undo the last :meth:`commit` (of ``ticket``, which never left this process: a later
+        field of its batch failed its checksum), so that its bytes are free again."""
+        self._allocated -= ticket.consumed
+        if ticket.storage is not None:
+            self._announced = False  # the next ticket carries the ring
+
 
 def _shared_bytes(size: int) -> torch.Tensor:
     """A zero-filled uint8 tensor of ``size`` bytes in shared memory, its pages made on first use."""

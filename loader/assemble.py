@@ -4,16 +4,20 @@ The batch path of ``ShardDataset(batch_size=B)`` without ``decode`` or a
 ``transform``. The per-sample path hands out one dict of ``bytes`` per sample
 and ``collate_samples`` joins them; here a window's members are described by
 arrays once (``Window``), and each batch is one gather over them: the members
-of each field are checksummed and copied once, straight from the window's
-buffers into the batch tensor (in shared memory when it is large and this is
-a DataLoader worker), with no per-sample dict. A batch that goes on in the next
+of each field are copied once, straight from the window's buffers into the
+batch tensor (in shared memory when it is large and this is a DataLoader
+worker), with no per-sample dict. With a version 3 index each sample's bytes
+(headers, padding, data) are checked against its one checksum: one slice per
+sample before a small batch is gathered, or, for a large one, with a streaming
+hash per sample fed the bytes between members from the window and each member's
+data from its copy (so every byte is read once); with version 2 each member's
+data checksum is checked. A batch that goes on in the next
 window keeps copies of its first samples (``Carried``, one buffer), not the window.
 
 The result is exactly the per-sample path's: same samples, order, fields and
 values (``tests/unit/test_assemble.py``). A batch it cannot describe as arrays
 (a sample missing a field or holding one twice, fields in another order, a
-member failing its checksum, a sample whose tar header is damaged: with a
-version 3 index the checksums cover the headers) is made by
+sample or member failing its checksum, a sample whose tar header is damaged) is made by
 the per-sample path instead, which gives the same batch or raises the same
 ``CorruptShardError``, naming the sample.
 """
@@ -46,11 +50,12 @@ class Window:
     """One read window's samples as arrays over window positions (chunk after chunk).
 
     Member ``m`` lies in chunk ``chunk[m]``'s buffer at ``offset[m]``, ``size[m]``
-    bytes, with recorded checksum ``checksum[m]`` of the buffer's bytes from ``hashed[m]``
-    to its end (its tar header and the padding before it too, for a version 3 index;
-    ``covers_headers`` is True if any chunk's index is of version 3); it belongs to field
+    bytes, with recorded data checksum ``checksum[m]``; it belongs to field
     ``names[field[m]]``. Window sample ``p`` owns members ``begin[p]:end[p]``;
-    ``damaged[p]``: one of its tar headers is damaged (``Chunk.table``).
+    ``damaged[p]``: one of its tar headers is damaged (``Chunk.table``, version 2).
+    ``by_sample`` (every chunk's index is of version 3): sample ``p``'s bytes are chunk
+    ``sample_chunk[p]``'s ``span_start[p]:span_end[p]`` with recorded checksum
+    ``sample_checksum[p]``, the only checksum checked.
     """
 
     def __init__(self, chunks: list[Chunk]) -> None:
@@ -66,12 +71,21 @@ class Window:
         self.end = np.concatenate([t.end + b for t, b in zip(tables, base, strict=False)])
         self.size = np.concatenate([t.size for t in tables])
         self.offset = np.concatenate([t.offset for t in tables])
-        self.hashed = np.concatenate([t.hashed for t in tables])
-        self.covers_headers = any(c.index_version != 2 for c in chunks)
         self.checksum = np.concatenate([t.checksum for t in tables])
-        self.damaged = np.concatenate([t.damaged for t in tables])
-        self.any_damaged = bool(self.damaged.any())
+        self.largest = int(self.size.max()) if len(self.size) else 0  # one member's bytes
         self.checks = all(c.checks for c in chunks)
+        self.by_sample = self.checks and all(t.by_sample for t in tables)
+        if self.by_sample:
+            self.span_start = _concat([t.span_start for t in tables])
+            self.span_end = _concat([t.span_end for t in tables])
+            self.sample_checksum = _concat([t.sample_checksum for t in tables])
+            self.sample_chunk = np.repeat(np.arange(len(tables)), lengths)
+            self.damaged = _concat([t.damaged for t in tables])
+        else:  # a window mixing versions (never one output) takes the per-sample path
+            self.damaged = np.concatenate(
+                [t.damaged | (self.checks and t.by_sample) for t in tables]
+            )
+        self.any_damaged = bool(self.damaged.any())
         self.chunk = np.repeat(np.arange(len(tables)), [len(t.size) for t in tables])
         self.buffers = [memoryview(t.data) for t in tables]
         ids: dict[str, int] = {}
@@ -99,38 +113,32 @@ class Window:
             )
         ]
 
-    def hashed_views(self, numbers: IntArray) -> list[memoryview]:
-        """The bytes each of the given members' checksums covers, as views (no copy): with
-        a version 3 index from the end of the previous member's data (or the sample's
-        start) to the end of its own data, else the member's data."""
-        if not self.covers_headers:
-            return self.members(numbers)
-        buffers, end = self.buffers, self.offset[numbers] + self.size[numbers]
-        return [
-            buffers[c][a:b]
-            for c, a, b in zip(
-                self.chunk[numbers].tolist(),
-                self.hashed[numbers].tolist(),
-                end.tolist(),
-                strict=True,
-            )
-        ]
-
-    def prefixes(self, numbers: IntArray) -> list[memoryview] | None:
-        """The hashed bytes before each of the given members' data (its tar header and the
-        padding before it), as views; None if no checksum of this window covers them."""
-        if not self.covers_headers:
-            return None
+    def samples_match(self, positions: IntArray) -> bool:
+        """Whether the samples at ``positions`` match their checksums (``by_sample``): one
+        checksum of one slice per sample, each from its first header to its last data."""
         buffers = self.buffers
-        return [
-            buffers[c][a:b]
-            for c, a, b in zip(
-                self.chunk[numbers].tolist(),
-                self.hashed[numbers].tolist(),
-                self.offset[numbers].tolist(),
-                strict=True,
-            )
-        ]
+        if len(buffers) == 1:
+            whole = buffers[0]
+            views = [
+                whole[a:b]
+                for a, b in zip(
+                    self.span_start[positions].tolist(),
+                    self.span_end[positions].tolist(),
+                    strict=True,
+                )
+            ]
+        else:
+            views = [
+                buffers[c][a:b]
+                for c, a, b in zip(
+                    self.sample_chunk[positions].tolist(),
+                    self.span_start[positions].tolist(),
+                    self.span_end[positions].tolist(),
+                    strict=True,
+                )
+            ]
+        got = np.fromiter(map(payload_checksum, views), np.uint64, len(views))
+        return not (got != self.sample_checksum[positions]).any()
 
     def sample(self, p: int) -> dict[str, Any]:
         """Window sample ``p`` as the per-sample path hands it out (checksum checked)."""
@@ -154,9 +162,16 @@ class Window:
         # member numbers of the samples, in order: begin[p], begin[p] + 1, ..., per sample
         members = np.repeat(self.begin[positions] - starts[:-1], counts) + np.arange(starts[-1])
         views = self.members(members)
-        if self.checks:
-            hashed = self.hashed_views(members) if self.covers_headers else views
-            got = np.fromiter(map(payload_checksum, hashed), np.uint64, len(views))
+        if self.by_sample:
+            if not self.samples_match(positions):
+                for p in positions.tolist():
+                    self.sample(p)  # raises at the first damaged sample, naming it
+                raise RuntimeError(
+                    "a sample failed its checksum when gathered but not when read again: "
+                    "its shard is changing while it is read"
+                )
+        elif self.checks:
+            got = np.fromiter(map(payload_checksum, views), np.uint64, len(views))
             bad = np.flatnonzero(got != self.checksum[members])
             if self.any_damaged:
                 bad = np.union1d(bad, starts[:-1][self.damaged[positions]])
@@ -194,12 +209,12 @@ class Carried(Window):
         self.size = window.size[members]
         self.offset = np.zeros(len(members), dtype=np.int64)
         np.cumsum(self.size[:-1], out=self.offset[1:])
-        self.hashed = self.offset  # checked as they were copied: never hashed again
-        self.covers_headers = False
         self.checksum = window.checksum[members]
+        self.largest = int(self.size.max()) if len(self.size) else 0
         self.damaged = np.zeros(len(positions), dtype=np.bool_)
         self.any_damaged = False
         self.checks = False  # checked as they were copied
+        self.by_sample = False
         self.chunk = np.zeros(len(members), dtype=np.int64)
         self.buffers = [memoryview(bytearray().join(views))]  # the one copy
         self.field = window.field[members]
@@ -294,14 +309,54 @@ class Recycler:
                 self._free.pop(min(range(len(self._free)), key=lambda i: len(self._free[i])))
 
 
+class _Stream:
+    """Streaming checksums of a large batch segment's samples (``by_sample`` window), fed
+    field after field in member order: the window's bytes from where the sample's previous
+    member's data ended (its first header for the first) to the member's data, then the
+    member's data (from its copy, while it is in the cache)."""
+
+    def __init__(self, window: Window, positions: IntArray) -> None:
+        self.window, self.positions = window, positions
+        self.hashes = [xxhash.xxh3_64() for _ in range(len(positions))]  # seed 0
+        self.at = window.span_start[positions].tolist()
+        self.chunk = window.sample_chunk[positions].tolist()
+
+    def gaps(self, members: IntArray) -> list[memoryview]:
+        """The bytes before each of ``members`` (one per sample, the next field's) since the
+        sample's previous member: its tar header records and the padding before them."""
+        window, at = self.window, self.at
+        buffers = window.buffers
+        starts = window.offset[members].tolist()
+        ends = (window.offset[members] + window.size[members]).tolist()
+        views = []
+        for s, (c, a, b) in enumerate(zip(self.chunk, starts, ends, strict=True)):
+            views.append(buffers[c][at[s] : a])
+            at[s] = b
+        return views
+
+    def matches(self) -> bool:
+        """Whether every sample's bytes hashed to its recorded checksum."""
+        window = self.window
+        got = np.fromiter((h.intdigest() for h in self.hashes), np.uint64, len(self.hashes))
+        return (
+            self.at == window.span_end[self.positions].tolist()
+            and not (got != window.sample_checksum[self.positions]).any()
+        )
+
+
 def _gather(
-    segments: list[tuple[Window, IntArray]], arena: Arena | None, recycler: Recycler | None
+    segments: list[tuple[Window, IntArray]],
+    arena: Arena | None,
+    recycler: Recycler | None,
+    streams: list[_Stream | None],
 ) -> Packed | None:
     """One field's payloads (``segments``: window and member numbers) packed in one tensor.
 
     In a DataLoader worker (``arena`` given) a large one is written into the
     worker's shared-memory ring, or else made in fresh shared memory; in the
-    main process into a ``recycler`` buffer. None if a member fails its checksum.
+    main process into a ``recycler`` buffer. None if a member fails its (version 2) data
+    checksum. A segment with a stream (``_Stream``) feeds it its bytes; a ``by_sample``
+    segment without one was checked before (``Window.samples_match``).
     """
     sizes = np.concatenate([w.size[m] for w, m in segments])
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -309,11 +364,16 @@ def _gather(
     total = int(offsets[-1])
     parts = [window.members(members) for window, members in segments]
     if total < SHARE_BYTES or (arena is None and recycler is None):
-        for (window, members), part in zip(segments, parts, strict=True):
-            if not window.checks:
-                continue
-            hashed = window.hashed_views(members) if window.covers_headers else part
-            if not _matches(window, members, map(payload_checksum, hashed)):
+        for (window, members), part, stream in zip(segments, parts, streams, strict=True):
+            if stream is not None:
+                for h, gap, view in zip(stream.hashes, stream.gaps(members), part, strict=True):
+                    h.update(gap)
+                    h.update(view)
+            elif (
+                window.checks
+                and not window.by_sample
+                and not _matches(window, members, map(payload_checksum, part))
+            ):
                 return None
         joined = bytearray().join([view for part in parts for view in part])
         data = (
@@ -327,7 +387,7 @@ def _gather(
         slot = arena.reserve(total)
         if slot is not None:
             begin, consumed, out = slot
-            if not _copy_checked(segments, parts, ends, out):
+            if not _copy_checked(segments, parts, ends, out, streams):
                 return None  # not committed: the ring's bytes stay free
             placed, ticket = arena.commit(begin, consumed, total)
             return Packed(placed, torch.from_numpy(offsets), ticket)
@@ -339,7 +399,7 @@ def _gather(
     else:
         assert recycler is not None
         data, out = recycler.tensor(total)
-    if not _copy_checked(segments, parts, ends, out):
+    if not _copy_checked(segments, parts, ends, out, streams):
         return None
     return Packed(data, torch.from_numpy(offsets))
 
@@ -349,6 +409,7 @@ def _copy_checked(
     parts: list[list[memoryview]],
     ends: list[int],
     out: memoryview,
+    streams: list[_Stream | None],
 ) -> bool:
     """Copy the members back to back into ``out`` (``ends``: where each ends), checking
     each one's checksum on its copy; False at the first segment with a mismatch.
@@ -356,30 +417,29 @@ def _copy_checked(
     Each member is hashed right after it is copied, while its bytes are still in
     the cache. Hashing the window's bytes first and copying them afterwards read
     them from memory twice: the gather ran at 10 GB/s that way and 13-14 GB/s
-    this way (members of 30-100 KiB). The checksum covers the bytes handed out
-    (and, for a version 3 index, the header and padding before them: hashed from the
-    window first, then the copy, with one streaming xxh3).
+    this way (members of 30-100 KiB). The checksum covers the bytes handed out.
+    A ``by_sample`` segment's copies feed its samples' streaming checksums (``_Stream``,
+    compared once every field is gathered), after the header bytes before them.
     """
     i = 0
-    for (window, members), part in zip(segments, parts, strict=True):
+    for (window, members), part, stream in zip(segments, parts, streams, strict=True):
         bounds = zip(ends[i : i + len(part)], ends[i + 1 : i + len(part) + 1], strict=True)
         i += len(part)
-        if not window.checks:
+        if stream is not None:
+            gaps = stream.gaps(members)
+            for view, h, gap, (a, b) in zip(part, stream.hashes, gaps, bounds, strict=True):
+                out[a:b] = view
+                h.update(gap)
+                h.update(out[a:b])
+            continue
+        if not window.checks or window.by_sample:
             for view, (a, b) in zip(part, bounds, strict=True):
                 out[a:b] = view
             continue
         sums = []
-        prefixes = window.prefixes(members)
-        if prefixes is None:
-            for view, (a, b) in zip(part, bounds, strict=True):
-                out[a:b] = view
-                sums.append(payload_checksum(out[a:b]))
-        else:
-            for view, prefix, (a, b) in zip(part, prefixes, bounds, strict=True):
-                out[a:b] = view
-                hashed = xxhash.xxh3_64(prefix)  # seed 0: payload_checksum of prefix + data
-                hashed.update(out[a:b])
-                sums.append(hashed.intdigest())
+        for view, (a, b) in zip(part, bounds, strict=True):
+            out[a:b] = view
+            sums.append(payload_checksum(out[a:b]))
         if not _matches(window, members, sums):
             return False
     return True
@@ -389,6 +449,27 @@ def _matches(window: Window, members: IntArray, checksums: Iterable[int]) -> boo
     """Whether the members' ``checksums`` are the ones the window's index lists."""
     got = np.fromiter(checksums, np.uint64, len(members))
     return not (got != window.checksum[members]).any()
+
+
+def _streams(
+    columns: list[tuple[Window, IntArray | None]],
+    segments: list[tuple[Window, IntArray]],
+    large: bool,
+) -> list[_Stream | None] | None:
+    """The streaming checksums of a batch's ``by_sample`` segments if a field of it is
+    copied into a large buffer (``large``); else those segments' samples are checked now
+    (one slice each: None if one fails) and there is no stream."""
+    streams: list[_Stream | None] = []
+    for (window, members), (_, positions) in zip(columns, segments, strict=True):
+        if not window.by_sample or members is None:
+            streams.append(None)
+        elif large:
+            streams.append(_Stream(window, positions))
+        else:
+            if not window.samples_match(positions):
+                return None
+            streams.append(None)
+    return streams
 
 
 def _assemble(
@@ -412,17 +493,37 @@ def _assemble(
             values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
         columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
-        for k, name in enumerate(names):
-            packed = _gather([(w, m[:, k]) for w, m in columns if m is not None], arena, recycler)
+        large = (arena is not None or recycler is not None) and _any_large(columns)
+        streams = _streams(columns, segments, large)
+        tickets = []
+        for k, name in enumerate(names if streams is not None else ()):
+            assert streams is not None
+            packed = _gather(
+                [(w, m[:, k]) for w, m in columns if m is not None], arena, recycler, streams
+            )
             if packed is None:
                 break  # a member fails its checksum
             batch[name] = packed
+            tickets.append(packed._ticket)
         else:
-            batch[POSITION] = position
-            return batch
+            if streams is not None and all(s is None or s.matches() for s in streams):
+                batch[POSITION] = position
+                return batch
+        if arena is not None:  # the payloads already committed never leave: free them
+            for ticket in reversed(tickets):
+                if ticket is not None:
+                    arena.withdraw(ticket)
     # irregular fields, or a damaged member or header: the per-sample path, which names the
     # damaged sample
     return collate_samples(_samples(segments), position)
+
+
+def _any_large(columns: list[tuple[Window, IntArray | None]]) -> bool:
+    """Whether a field of the batch is at least ``SHARE_BYTES`` (copied, ``_copy_checked``)."""
+    if sum(len(m) * w.largest for w, m in columns if m is not None) < SHARE_BYTES:
+        return False  # the usual case for small samples: no per-member sums
+    totals = sum(w.size[m].sum(axis=0) for w, m in columns if m is not None)
+    return bool(np.size(totals) and np.max(totals) >= SHARE_BYTES)
 
 
 def _concat(arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:

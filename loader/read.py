@@ -11,10 +11,11 @@ then ``shardprep.integrity.check_index``) before it is used, every read is
 bounded by the index and the file's size, a zstd frame is decompressed only
 to the span its index gives it, and each sample's checksum is compared when
 the sample is handed out (``Chunk.sample``). The tar headers between the members
-(which this reader skips, but ``tar`` and WebDataset read) are covered by those
-checksums in a version 3 index (each member's checksum covers the previous member's
-padding, its header records and its data); for a version 2 index they are compared,
-once per chunk, with the ones the writer makes from the index (``damaged_headers``).
+(which this reader skips, but ``tar`` and WebDataset read) are covered by the
+per-sample checksum of a version 3 index (``sample_hash``: a sample's bytes from its
+first header to its last member's data), the only checksum checked per sample; for a
+version 2 index (per-member data checksums) they are compared, once per chunk, with
+the ones the writer makes from the index (``damaged_headers``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from shardprep.manifest import Manifest
 from shardprep.shardformat import (
     ShardIndex,
     decode_index,
-    hashed_from,
     payload_checksum,
+    sample_checksums,
+    sample_ends,
     tar_header,
 )
 
@@ -64,9 +66,10 @@ class ChunkTable:
     """A chunk's samples as arrays: yielded sample ``j`` owns members ``begin[j]:end[j]``.
 
     Member ``m`` is ``data[offset[m]:offset[m] + size[m]]``, its extension
-    ``exts[ext[m]]`` and its recorded checksum ``checksum[m]``, of the bytes
-    ``data[hashed[m]:offset[m] + size[m]]`` (its header and the padding before it too, for a
-    version 3 index; ``hashed`` is ``offset`` for version 2). ``damaged[j]``: a tar header of
+    ``exts[ext[m]]`` and its recorded data checksum ``checksum[m]``. For a version 3 index
+    (``by_sample``) sample ``j``'s bytes ``data[span_start[j]:span_end[j]]`` (headers,
+    padding between members, data) have the recorded checksum ``sample_checksum[j]``, the
+    one to check (the three are empty for version 2). ``damaged[j]``: a tar header of
     sample ``j``'s members is not the writer's (version 2 only: the sample must not be
     handed out).
     """
@@ -77,10 +80,13 @@ class ChunkTable:
     begin: IntArray
     end: IntArray
     offset: IntArray
-    hashed: IntArray
     size: IntArray
     ext: IntArray
     checksum: npt.NDArray[np.uint64]
+    by_sample: bool
+    span_start: IntArray
+    span_end: IntArray
+    sample_checksum: npt.NDArray[np.uint64]
     damaged: npt.NDArray[np.bool_]
     padded: bool
     extra: dict[str, list[Any]]
@@ -89,9 +95,9 @@ class ChunkTable:
 class Chunk:
     """The bytes of consecutive samples of one shard, and how to cut them into samples.
 
-    :meth:`sample` checks the sample's checksums before handing it out: with a
-    version 3 index they cover its tar headers and the padding between its members
-    too. The per-sample lists it uses are made on its first call: the batch path
+    :meth:`sample` checks the sample's checksum before handing it out: with a
+    version 3 index one per sample, over its tar headers, the padding between its
+    members and its data; with version 2 one per member, over its data. The per-sample lists it uses are made on its first call: the batch path
     (:meth:`table`) reads the index's arrays directly and never needs them.
     For a version 2 index (data-only checksums) the tar headers of all the chunk's
     members are compared at once, right after the read (``damaged_headers``); a
@@ -154,7 +160,8 @@ class Chunk:
 
     def _per_sample(self) -> _SampleLists:
         if self._lists is None:
-            self._lists = _SampleLists(self._index, self._first, self._stop, self._base, self._data)
+            data = self._data if self.checks else None  # None: no sample checksums needed
+            self._lists = _SampleLists(self._index, self._first, self._stop, self._base, data)
         return self._lists
 
     def _header_damage(self) -> dict[int, int]:
@@ -190,29 +197,33 @@ class Chunk:
         out: dict[str, Any] = {"__key__": lists.keys[j], "__padded__": self.padded}
         if extra:
             out.update(extra)
-        data, exts, offset, size, ext, digest, checksum, hashed = (
+        data, exts, offset, size, ext = (
             self._data,
             self._exts,
             lists.offset,
             lists.size,
             lists.ext,
-            lists.hash,
-            payload_checksum,
-            lists.hashed,  # where each member's hashed bytes start (None: at its data)
         )
-        check, view = self.checks, type(data) is memoryview  # views of a reused read buffer
-        whole = lists.view
+        view = type(data) is memoryview  # views of a reused read buffer
+        spans = lists.spans
+        if spans is not None:  # version 3: one checksum over the sample's bytes
+            if self.checks and payload_checksum(spans[0][spans[1][j] : spans[2][j]]) != spans[3][j]:
+                raise self._damaged_sample(j)
+            for m in range(lists.start[j], lists.start[j + 1]):
+                start = offset[m]
+                payload = data[start : start + size[m]]
+                if view:
+                    payload = payload.tobytes()  # type: ignore[union-attr]  # outlives the buffer
+                out[exts[ext[m]]] = payload
+            return out
+        check, digest = self.checks, lists.hash
         for m in range(lists.start[j], lists.start[j + 1]):
             start = offset[m]
-            end = start + size[m]
-            payload = data[start:end]
+            payload = data[start : start + size[m]]
             if view:
                 payload = payload.tobytes()  # type: ignore[union-attr]  # a sample outlives the buffer
-            if (
-                check
-                and checksum(payload if hashed is None else whole[hashed[m] : end]) != digest[m]
-            ):
-                raise self._damaged(j, m)
+            if check and payload_checksum(payload) != digest[m]:
+                raise self._damaged(j, m, payload)
             out[exts[ext[m]]] = payload
         return out
 
@@ -231,8 +242,19 @@ class Chunk:
             begin, end = starts[:-1], starts[1:]
         damaged = np.zeros(b - a, dtype=np.bool_)
         damaged[list(self._header_damage())] = True
+        by_sample = index.version != 2
+        if by_sample:
+            span_start = index.sample_offset[a:b].astype(np.int64) - self._base
+            span_end = sample_ends(index, a, b) - self._base
+            sample_checksum = sample_checksums(index, a, b)
+        else:
+            span_start = span_end = np.zeros(0, dtype=np.int64)
+            sample_checksum = np.zeros(0, dtype=np.uint64)
         if self._selection is not None:
             damaged = damaged[chosen]
+            if by_sample:
+                span_start, span_end = span_start[chosen], span_end[chosen]
+                sample_checksum = sample_checksum[chosen]
         return ChunkTable(
             data=self._data,
             exts=self._exts,
@@ -240,51 +262,66 @@ class Chunk:
             begin=begin,
             end=end,
             offset=(index.member_offset[members] - np.uint64(self._base)).astype(np.int64),
-            hashed=hashed_from(index, a, b) - self._base,
             size=index.member_size[members].astype(np.int64),
             ext=index.member_ext[members].astype(np.int64),
             checksum=index.member_hash[members],
+            by_sample=by_sample,
+            span_start=span_start,
+            span_end=span_end,
+            sample_checksum=sample_checksum,
             damaged=damaged,
             padded=self.padded,
             extra=self.extra,
         )
 
-    def _damaged(self, j: int, m: int) -> CorruptShardError:
-        """The error for member ``m`` (of the chunk) of sample ``j`` failing its checksum,
-        saying what is damaged: its tar header, the padding before it, or its data."""
-        lists, index = self._per_sample(), self._index
-        member = int(index.member_start[self._first]) + m
-        if index.version != 2:
-            what = damage_of(index, self._data, self._base, member)
-            if what == "header":
-                return self._damaged_header(j, member)
-        else:
-            what = "data"
-        start = self._base + lists.offset[m]
-        hashed = start if lists.hashed is None else self._base + lists.hashed[m]
-        end = start + lists.size[m]
-        got = payload_checksum(memoryview(self._data)[hashed - self._base : end - self._base])
-        ext = self._exts[lists.ext[m]]
-        if what == "padding":
-            where = f"the zero padding before its .{ext} member's tar header (offset {hashed})"
-            return CorruptShardError.at(
-                self._shard,
-                lists.keys[j],
-                int(index.sample_offset[self._first + j]),
-                f"{where} is not zeros: the shard's bytes are damaged",
-            )
-        covered = (
-            f"the {lists.size[m]} bytes at offset {start}"
-            if lists.hashed is None
-            else f"its tar header at offset {hashed} and its {lists.size[m]} bytes at offset {start}"
-        )
+    def _damaged(self, j: int, m: int, payload: bytes | memoryview) -> CorruptShardError:
+        """The error for member ``m`` (of the chunk) of sample ``j`` failing its data checksum."""
+        lists = self._per_sample()
         return CorruptShardError.at(
             self._shard,
             lists.keys[j],
-            int(index.sample_offset[self._first + j]),
-            f"checksum mismatch in its .{ext} member ({covered} hash to "
-            f"{got:#018x}, the index recorded {lists.hash[m]:#018x}): "
+            int(self._index.sample_offset[self._first + j]),
+            f"checksum mismatch in its .{self._exts[lists.ext[m]]} member (the "
+            f"{lists.size[m]} bytes at offset {self._base + lists.offset[m]} hash to "
+            f"{payload_checksum(payload):#018x}, the index recorded {lists.hash[m]:#018x}): "
             "the shard's bytes are damaged",
+        )
+
+    def _damaged_sample(self, j: int) -> CorruptShardError:
+        """The error for sample ``j`` failing its ``sample_hash`` (version 3), saying what is
+        damaged: a tar header, the padding before one, or a member's data
+        (``integrity.damage_of``, with the members' data checksums)."""
+        lists, index, base = self._per_sample(), self._index, self._base
+        sample = self._first + j
+        what, member = damage_of(index, self._data, base, sample)
+        if what == "header":
+            return self._damaged_header(j, member)
+        key, offset = lists.keys[j], int(index.sample_offset[sample])
+        if what == "padding":
+            ext = self._exts[int(index.member_ext[member])]
+            previous = int(index.member_offset[member - 1]) + int(index.member_size[member - 1])
+            return CorruptShardError.at(
+                self._shard,
+                key,
+                offset,
+                f"the zero padding before its .{ext} member's tar header (offset {previous}) "
+                "is not zeros: the shard's bytes are damaged",
+            )
+        if what == "data":
+            m = member - int(index.member_start[self._first])
+            payload = memoryview(self._data)[lists.offset[m] : lists.offset[m] + lists.size[m]]
+            return self._damaged(j, m, payload)
+        spans = lists.spans
+        assert spans is not None
+        got = payload_checksum(spans[0][spans[1][j] : spans[2][j]])
+        return CorruptShardError.at(
+            self._shard,
+            key,
+            offset,
+            f"checksum mismatch over its tar bytes (the {spans[2][j] - spans[1][j]} bytes at "
+            f"offset {offset} hash to {got:#018x}, the index records {spans[3][j]:#018x}, "
+            "though each member's data, header and padding is intact): the index or the "
+            "shard's bytes are damaged",
         )
 
     def _damaged_header(self, j: int, m: int) -> CorruptShardError:
@@ -310,17 +347,21 @@ class _SampleLists:
     Member numbers are relative to the chunk (its first member is 0), offsets to ``base``.
     """
 
-    __slots__ = ("ext", "hash", "hashed", "keys", "offset", "size", "start", "view")
+    __slots__ = ("ext", "hash", "keys", "offset", "size", "spans", "start")
 
     def __init__(
-        self, index: ShardIndex, a: int, b: int, base: int, data: bytes | memoryview
+        self, index: ShardIndex, a: int, b: int, base: int, data: bytes | memoryview | None
     ) -> None:
         first, last = int(index.member_start[a]), int(index.member_start[b])
-        # version 3: member m's checksum covers view[hashed[m]:offset[m] + size[m]]
-        self.hashed: list[int] | None = None
-        self.view = memoryview(data)
-        if index.version != 2:
-            self.hashed = (hashed_from(index, a, b) - base).tolist()
+        # version 3: sample j's checksum spans[3][j] covers spans[0][spans[1][j]:spans[2][j]]
+        self.spans: tuple[memoryview, list[int], list[int], list[int]] | None = None
+        if index.version != 2 and data is not None:
+            self.spans = (
+                memoryview(data),
+                (index.sample_offset[a:b].astype(np.int64) - base).tolist(),
+                (sample_ends(index, a, b) - base).tolist(),
+                sample_checksums(index, a, b).tolist(),
+            )
         self.keys: list[str] = key_list(index, a, b)
         self.hash: list[int] = index.member_hash[first:last].tolist()
         self.start: list[int] = (index.member_start[a : b + 1] - first).tolist()

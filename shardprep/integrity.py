@@ -15,11 +15,12 @@ so that nothing read from an index is trusted before it is checked:
 - :func:`salvage_frame`: the part of a damaged frame that still decodes, to
   name the first damaged sample.
 - :func:`damaged_headers`: the members of a range whose tar header records are
-  not the bytes the writer makes from the index. A version 3 index's checksums
-  cover the headers (and the padding between members) already: this is needed
-  on the hot path only for version 2 indexes, whose checksums cover only the
-  data (``tar``, ``tarfile`` and WebDataset read the headers); for version 3,
-  :func:`damage_of` uses it to say what of a failing member is damaged.
+  not the bytes the writer makes from the index. A version 3 index's per-sample
+  checksums (``sample_hash``) cover the headers (and the padding between members)
+  already: this is needed on the hot path only for version 2 indexes, whose
+  checksums cover only the data (``tar``, ``tarfile`` and WebDataset read the
+  headers); for version 3, :func:`damage_of` uses it to say what of a sample
+  failing its checksum is damaged.
 
 ``docs/format.md`` ("Validation") lists the same rules.
 """
@@ -41,8 +42,9 @@ from shardprep.shardformat import (
     EOF_MARKER,
     FRAME_BYTES,
     ShardIndex,
-    hashed_from,
     payload_checksum,
+    sample_checksums,
+    sample_ends,
     tar_header,
 )
 
@@ -102,6 +104,7 @@ def _index_problem(index: ShardIndex, entry: ShardEntry, compressed: bool, num_c
         "member_ext": m,
         "member_offset": m,
         "member_hash": m,
+        "sample_hash": n if index.version != 2 else 0,
         "copy": n,
         "multiplicity": n,
         "key_end": n,
@@ -332,12 +335,12 @@ def damaged_samples(
     stop: int,
     first_only: bool = False,
 ) -> list[int]:
-    """Samples of ``start..stop-1`` with a member missing from ``data`` or failing its checksum.
+    """Samples of ``start..stop-1`` with a member missing from ``data`` or failing a checksum.
 
     ``data`` holds the tar bytes from offset ``base``; ``first_only`` stops at the first one.
-    A member's checksum covers what its index version says (:func:`hashed_from`): for a
-    version 3 index the headers and the padding between members too. A version 2 index's
-    samples are also checked here for damaged headers (:func:`damaged_headers`).
+    Every member's data is checked against ``member_hash`` and, for a version 3 index, every
+    sample's bytes (headers and padding between members too) against ``sample_hash``; a
+    version 2 index's samples are checked for damaged headers (:func:`damaged_headers`).
     """
     view = memoryview(data)
     starts, offsets, sizes, hashes = (
@@ -346,19 +349,32 @@ def damaged_samples(
         index.member_size,
         index.member_hash,
     )
-    m0 = int(starts[start]) if stop > start else 0
-    hashed = (hashed_from(index, start, stop) - base).tolist() if stop > start else []
+    v3 = index.version != 2
+    if v3 and stop > start:
+        spans = zip(
+            (index.sample_offset[start:stop].astype(np.int64) - base).tolist(),
+            (sample_ends(index, start, stop) - base).tolist(),
+            sample_checksums(index, start, stop).tolist(),
+            strict=True,
+        )
     found = []
     for i in range(start, stop):
+        if v3:
+            a, b, recorded = next(spans)
+            if b > len(view) or payload_checksum(view[a:b]) != recorded:
+                found.append(i)
+                if first_only:
+                    return found
+                continue
         for m in range(int(starts[i]), int(starts[i + 1])):
-            a = hashed[m - m0]
-            b = int(offsets[m]) - base + int(sizes[m])
+            a = int(offsets[m]) - base
+            b = a + int(sizes[m])
             if b > len(view) or payload_checksum(view[a:b]) != int(hashes[m]):
                 found.append(i)
                 if first_only:
                     return found
                 break
-    if index.version == 2:
+    if not v3:
         found = _with_damaged_headers(index, view, base, start, stop, found, first_only)
     return found
 
@@ -383,21 +399,32 @@ def _with_damaged_headers(
     return merged[:1] if first_only else merged
 
 
-def damage_of(index: ShardIndex, data: bytes | memoryview, base: int, member: int) -> str:
-    """What of ``member`` is damaged, for an error message once its checksum failed:
-    ``"header"`` (its tar header records), ``"padding"`` (the zeros before them, which a
-    version 3 checksum covers) or ``"data"``. ``data`` holds the tar bytes from ``base``
-    to at least the end of the member's sample."""
-    sample = int(np.searchsorted(index.member_start, member, side="right")) - 1
-    headers = damaged_headers(index, data, base, sample, sample + 1)
-    if member in headers.tolist():
-        return "header"
-    if index.version != 2 and member > int(index.member_start[sample]):
-        end = int(index.member_offset[member - 1]) + int(index.member_size[member - 1]) - base
-        pad = -int(index.member_size[member - 1]) % BLOCK
-        if bytes(memoryview(data)[end : end + pad]) != bytes(pad):
-            return "padding"
-    return "data"
+def damage_of(
+    index: ShardIndex, data: bytes | memoryview, base: int, sample: int
+) -> tuple[str, int]:
+    """What of ``sample`` is damaged, for an error message once its ``sample_hash`` (version
+    3) failed: ``(what, member)`` for its first member with damaged tar header records
+    (``"header"``), non-zero padding before them (``"padding"``) or data failing its
+    ``member_hash`` (``"data"``); ``("sample", -1)`` if none is (then the recorded
+    ``sample_hash`` is what is wrong). ``data`` holds the tar bytes from ``base`` to at
+    least the end of the sample."""
+    view = memoryview(data)
+    first, last = int(index.member_start[sample]), int(index.member_start[sample + 1])
+    headers = set(damaged_headers(index, data, base, sample, sample + 1).tolist())
+    for member in range(first, last):
+        if member in headers:
+            return "header", member
+        if member > first:
+            end = int(index.member_offset[member - 1]) + int(index.member_size[member - 1]) - base
+            pad = -int(index.member_size[member - 1]) % BLOCK
+            if bytes(view[end : end + pad]) != bytes(pad):
+                return "padding", member
+        a = int(index.member_offset[member]) - base
+        if payload_checksum(view[a : a + int(index.member_size[member])]) != int(
+            index.member_hash[member]
+        ):
+            return "data", member
+    return "sample", -1
 
 
 def first_damaged_sample(

@@ -9,8 +9,8 @@ against its index, which the writer made from the same bytes:
 - the index decodes and describes the writer's layout (:func:`shardprep.integrity.check_index`);
 - the file has the size the index implies;
 - every member's tar header is the one the writer makes for its key, extension and size,
-  its checksum in the index matches (for a version 3 index it covers the header and the
-  padding before it too), and its padding is zeros; the tar ends with
+  its data checksum in the index matches (and, for a version 3 index, each sample's checksum
+  over its headers, padding and data), and its padding is zeros; the tar ends with
   the end marker. For ``.tar.zst`` every frame decompresses to exactly its span first.
 
 Together these pin every byte of a plain tar except the payloads, which their 64-bit
@@ -33,10 +33,11 @@ from shardprep.shardformat import (
     EOF_MARKER,
     ShardIndex,
     decode_index,
-    hashed_from,
     index_name,
     padding,
     payload_checksum,
+    sample_checksums,
+    sample_ends,
     shard_name,
     tar_header,
 )
@@ -176,10 +177,16 @@ def _samples_problem(index: ShardIndex, data: Any, base: int, start: int, stop: 
     view = memoryview(data)
     starts, exts = index.member_start, index.exts
     offsets, sizes, hashes = index.member_offset, index.member_size, index.member_hash
-    m0 = int(starts[start])
-    hashed = (hashed_from(index, start, stop) - base).tolist()  # version 3: header and padding
+    v3 = index.version != 2
+    ends = (sample_ends(index, start, stop) - base).tolist() if v3 else []
+    sums = sample_checksums(index, start, stop).tolist() if v3 else []
     for i in range(start, stop):
         position = int(index.sample_offset[i]) - base
+        if v3 and (
+            len(view) < ends[i - start]
+            or payload_checksum(view[position : ends[i - start]]) != sums[i - start]
+        ):
+            return f"sample {index.key(i)!r} differs from what its index records"
         key = index.key(i).encode()
         for m in range(int(starts[i]), int(starts[i + 1])):
             size = int(sizes[m])
@@ -190,7 +197,7 @@ def _samples_problem(index: ShardIndex, data: Any, base: int, start: int, stop: 
             if (
                 view[position:payload] != header
                 or len(view) < payload + size + len(pad)
-                or payload_checksum(view[hashed[m - m0] : payload + size]) != int(hashes[m])
+                or payload_checksum(view[payload : payload + size]) != int(hashes[m])
                 or view[payload + size : payload + size + len(pad)] != pad
             ):
                 return f"sample {index.key(i)!r} differs from what its index records"

@@ -15,13 +15,17 @@ label, key, source path and resampling copy number, and for ``.tar.zst`` shards
 the table of independent zstd frames. A reader can thus start at any sample
 without parsing tar headers or decompressing from the start of the shard.
 
-Every member of every sample also has a checksum in the index
-(``member_hash``). Since index version 3 it is xxh3_64 of the member's tar bytes
-from the end of the previous member's data (or the sample's start) to the end of
-its own data: the previous member's zero padding, its header record(s) and its
-data, so a sample's checksums cover every byte from its first header to its last
-member's data (:func:`hashed_from`). Version 2 indexes (still read) hash the data
-only. :func:`payload_checksum` is the hash.
+Every member of every sample has a checksum of its data in the index
+(``member_hash``), and since index version 3 every sample has one more
+(``sample_hash``) of its tar bytes from its first header to the end of its last
+member's data: every header record, every padding between its members and every
+data byte (:func:`sample_ends`), combined with the sample's member layout as the
+index records it (:func:`sample_checksums`: an index that lies about where a
+member ends inside its padding fails it too). A reader checks ``sample_hash`` only
+(one checksum per sample); ``member_hash`` says which member's data is damaged
+once it fails.
+Version 2 indexes (still read) have no ``sample_hash``. :func:`payload_checksum`
+is the hash.
 """
 
 from __future__ import annotations
@@ -47,12 +51,15 @@ __all__ = [
     "decode_index",
     "READ_VERSIONS",
     "encode_index",
-    "hashed_from",
+    "sample_checksums",
+    "sample_ends",
+    "sample_layout",
     "index_name",
     "padding",
     "payload_checksum",
     "shard_name",
     "tar_header",
+    "V3_ONLY",
 ]
 
 BLOCK = 512
@@ -60,17 +67,17 @@ EOF_MARKER = bytes(2 * BLOCK)
 MANIFEST_NAME = "manifest.json"
 INDEX_MAGIC = b"SHPIDX\x00\x01"
 INDEX_VERSION = 3
-"""Written by this shardprep: ``member_hash`` covers each member's header and padding too."""
+"""Written by this shardprep: ``sample_hash`` covers each sample's headers, padding and data."""
 READ_VERSIONS = (2, 3)
-"""Index versions this shardprep reads (2: ``member_hash`` covers the member's data only)."""
+"""Index versions this shardprep reads (2: no ``sample_hash``, the headers are compared)."""
 FRAME_BYTES = 256 << 10
 """A .tar.zst frame is closed once it holds this many tar bytes (whole samples only)."""
 CHECKSUM_ALGORITHM = "xxh3_64"
 
 payload_checksum = xxhash.xxh3_64_intdigest
 """``payload_checksum(data) -> int``: the checksum (xxh3_64, seed 0, as an unsigned 64-bit
-integer) stored in ``member_hash``: of a member's hashed span (:func:`hashed_from`) in a
-version 3 index, of its data in a version 2 index; accepts any buffer."""
+integer) stored in ``member_hash`` (of a member's data) and ``sample_hash`` (of a sample's
+tar bytes, :func:`sample_ends`); accepts any buffer."""
 
 
 def shard_name(index: int, compression: str) -> str:
@@ -160,7 +167,8 @@ _ARRAY_DTYPES: dict[str, str] = {
     "member_ext": "<u2",  # m: position of the member's extension in ``exts``
     "member_offset": "<u8",  # m: tar offset of the member's data
     "member_size": "<u8",  # m: data size in bytes
-    "member_hash": "<u8",  # m: payload_checksum of [hashed_from, data end) (v2: of the data)
+    "member_hash": "<u8",  # m: payload_checksum of the member's data
+    "sample_hash": "<u8",  # n (version 3; absent in 2): [sample_offset, sample_ends) ^ layout
     "label": "<i4",  # n: class index, -1 when unlabelled
     "copy": "<u4",  # n: 0 for an original sample, k for its k-th resampled copy
     "multiplicity": "<u4",  # n: copies of this sample's source in the whole output (0 never)
@@ -184,6 +192,7 @@ class ShardIndex:
     member_offset: npt.NDArray[np.uint64]
     member_size: npt.NDArray[np.uint64]
     member_hash: npt.NDArray[np.uint64]
+    sample_hash: npt.NDArray[np.uint64]  # empty for a version 2 index
     label: npt.NDArray[np.int32]
     copy: npt.NDArray[np.uint32]
     multiplicity: npt.NDArray[np.uint32]
@@ -193,7 +202,7 @@ class ShardIndex:
     frame_offset: npt.NDArray[np.uint64]
     key_blob: npt.NDArray[np.uint8]
     source_blob: npt.NDArray[np.uint8]
-    version: int = INDEX_VERSION  # 3: member_hash covers headers and padding; 2: data only
+    version: int = INDEX_VERSION  # 3: sample_hash covers headers and padding; 2: no sample_hash
 
     @property
     def num_samples(self) -> int:
@@ -213,30 +222,75 @@ class ShardIndex:
         )
 
 
-def hashed_from(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.int64]:
-    """Where the bytes that ``member_hash`` covers start, for each member of samples ``a:b``.
+def sample_ends(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.int64]:
+    """Where the bytes that ``sample_hash`` covers end, for each of samples ``a:b``: the end
+    of the sample's last member's data (its trailing padding is not covered); the sample's
+    start for a sample without members. Sample ``i`` hashes ``[sample_offset[i], end)``."""
+    starts = index.member_start[a : b + 1].astype(np.int64)
+    end = index.sample_offset[a:b].astype(np.int64)
+    full = np.flatnonzero(starts[1:] > starts[:-1])
+    last = starts[1:][full] - 1
+    end[full] = index.member_offset[last].astype(np.int64) + index.member_size[last].astype(
+        np.int64
+    )
+    return end
 
-    Version 3: the end of the previous member's data, or the sample's start for its first
-    member, so member ``m`` hashes ``[hashed_from[m], member_offset[m] + member_size[m])``
-    (the previous member's padding, its header records, its data) and a sample's members
-    tile its bytes. Version 2: ``member_offset`` (the data only).
-    """
+
+_MIX = (
+    np.uint64(0x9E3779B97F4A7C15),
+    np.uint64(0xC2B2AE3D27D4EB4F),
+    np.uint64(0x165667B19E3779F9),
+)
+
+
+def sample_layout(
+    sample_offset: npt.NDArray[np.uint64],
+    member_start: npt.NDArray[np.uint64],
+    member_offset: npt.NDArray[np.uint64],
+    member_size: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.uint64]:
+    """A 64-bit digest of each sample's member layout (``len(sample_offset)`` samples whose
+    members are ``member_*[member_start[i] - member_start[0]:...]``): the XOR over its
+    members of a mix of (data offset from the sample's start, data size); 0 for a sample
+    without members. Vectorised, once per chunk or shard."""
+    first = member_start[0] if len(member_start) else np.uint64(0)
+    starts = (member_start - first).astype(np.int64)
+    owner = np.repeat(np.arange(len(sample_offset)), np.diff(starts))
+    with np.errstate(over="ignore"):
+        relative = member_offset - sample_offset[owner]
+        mixed = relative * _MIX[0] ^ member_size * _MIX[1]
+        mixed ^= mixed >> np.uint64(31)
+        mixed *= _MIX[2]
+        mixed ^= mixed >> np.uint64(29)
+    running = np.zeros(len(mixed) + 1, dtype=np.uint64)
+    np.bitwise_xor.accumulate(mixed, out=running[1:])
+    layout: npt.NDArray[np.uint64] = running[starts[1:]] ^ running[starts[:-1]]
+    return layout
+
+
+def sample_checksums(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.uint64]:
+    """The checksums (:func:`payload_checksum`) that samples ``a:b``'s tar bytes
+    ``[sample_offset[i], sample_ends[i])`` must have, given the layout the index records for
+    them: ``sample_hash ^ sample_layout`` (version 3 only)."""
     m0, m1 = int(index.member_start[a]), int(index.member_start[b])
-    offset = index.member_offset[m0:m1].astype(np.int64)
-    if index.version == 2 or m1 == m0:
-        return offset
-    start = np.empty(m1 - m0, dtype=np.int64)
-    start[1:] = offset[:-1] + index.member_size[m0 : m1 - 1].astype(np.int64)
-    firsts = index.member_start[a:b].astype(np.int64) - m0
-    start[firsts] = index.sample_offset[a:b].astype(np.int64)
-    return start
+    layout = sample_layout(
+        index.sample_offset[a:b],
+        index.member_start[a : b + 1],
+        index.member_offset[m0:m1],
+        index.member_size[m0:m1],
+    )
+    return index.sample_hash[a:b] ^ layout
+
+
+V3_ONLY = ("sample_hash",)
+"""Arrays a version 2 index does not have (empty when decoded)."""
 
 
 def encode_index(exts: list[str], arrays: dict[str, Any], version: int = INDEX_VERSION) -> bytes:
     """Serialize an index: magic, u64 header length, JSON header, 8-aligned arrays.
 
-    ``version`` other than :data:`INDEX_VERSION` is for tests that make older outputs (the
-    caller's ``member_hash`` must then follow that version's definition).
+    ``version`` other than :data:`INDEX_VERSION` is for tests that make older outputs (a
+    version 2 index has no ``sample_hash``: ``arrays`` may leave it out).
     """
     header: dict[str, Any] = {
         "format": "shardprep-index",
@@ -247,6 +301,8 @@ def encode_index(exts: list[str], arrays: dict[str, Any], version: int = INDEX_V
     blobs: list[bytes] = []
     offset = 0
     for name, dtype in _ARRAY_DTYPES.items():
+        if version == 2 and name in V3_ONLY:
+            continue
         data = np.asarray(arrays[name], dtype=dtype).tobytes()
         header["arrays"][name] = [dtype, offset, len(data)]
         blobs.append(data + bytes(-len(data) % 8))
@@ -286,6 +342,9 @@ def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
             raise ValueError("exts is not a list of extensions")
         fields: dict[str, Any] = {"exts": tuple(exts), "version": version}
         for name, dtype in _ARRAY_DTYPES.items():
+            if version == 2 and name in V3_ONLY:
+                fields[name] = np.zeros(0, dtype=dtype)
+                continue
             stored_dtype, offset, length = header["arrays"][name]
             itemsize = np.dtype(dtype).itemsize
             if stored_dtype != dtype or not all(type(v) is int for v in (offset, length)):

@@ -7,9 +7,10 @@ Checks, per shard (``docs/cli.md`` lists them for users):
 - the shard and index files exist, have the sizes and sha256 the manifest gives;
 - the index agrees with the manifest entry and describes the tar layout
   exactly (``shardprep.integrity.check_index``);
-- every member of every sample matches its checksum in the index (for a
-  version 3 index it covers the member's tar header and the padding before it;
-  for version 2 the headers are compared with the writer's as well; the
+- every member's data matches its checksum in the index and (version 3) every
+  sample's bytes (its tar headers, the padding between its members, its data)
+  match the sample's checksum; for version 2 the headers are compared with the
+  writer's instead; the
   damaged samples are named by key); for ``.tar.zst``, every frame
   decompresses on its own to exactly its span, never further;
 - reading the tar from the start finds exactly the members the index lists,

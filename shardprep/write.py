@@ -29,6 +29,8 @@ from shardprep.shardformat import (
     decode_index,
     encode_index,
     index_name,
+    payload_checksum,
+    sample_layout,
     shard_name,
     tar_header,
 )
@@ -88,6 +90,7 @@ class _ShardBuffer:
         self.member_offset = array("Q")
         self.member_size = array("Q")
         self.member_hash = array("Q")
+        self.sample_hash = array("Q")  # of the sample's bytes; stored ^ its layout
         self.label = array("i")
         self.copy = array("I")
         self.multiplicity = array("I")
@@ -101,8 +104,8 @@ class _ShardBuffer:
     def add(self, key: bytes, members: list[tuple[str, bytes]], sample: SampleRef) -> None:
         """Append one sample's members as tar records and record them in the index.
 
-        Each member's checksum covers the previous member's padding (nothing for the
-        first), its header records and its data (``shardformat.hashed_from``).
+        Each member's checksum covers its data; the sample's covers its bytes from its first
+        header to the end of its last member's data (``shardformat.sample_ends``).
         """
         buffer = self.buffer
         position = self.flushed + len(buffer)
@@ -110,7 +113,8 @@ class _ShardBuffer:
             self.frame_sample.append(len(self.label))  # this sample opens a new frame
             self.frame_offset.append(self.file_bytes)
         self.sample_offset.append(position)
-        pad = 0  # the previous member's padding, the start of this member's hashed bytes
+        whole = xxhash.xxh3_64()  # seed 0, as payload_checksum: the sample_hash
+        pad = 0  # the previous member's padding
         for ext, data in members:
             ext_id, dot_ext = self._exts.get(ext) or self._new_ext(ext)
             size = len(data)
@@ -119,16 +123,17 @@ class _ShardBuffer:
             self.member_ext.append(ext_id)
             self.member_offset.append(position)
             self.member_size.append(size)
-            hashed = xxhash.xxh3_64(_ZEROS[:pad])  # seed 0, as payload_checksum
-            hashed.update(header)
-            hashed.update(data)
-            self.member_hash.append(hashed.intdigest())
+            self.member_hash.append(payload_checksum(data))
+            whole.update(_ZEROS[:pad])
+            whole.update(header)
+            whole.update(data)
             pad = -size % BLOCK
             buffer += header
             buffer += data
             buffer += _ZEROS[:pad]
             position += size + pad
         self.member_start.append(len(self.member_size))
+        self.sample_hash.append(whole.intdigest())
         self.label.append(sample.label)
         self.copy.append(sample.copy)
         self.multiplicity.append(sample.multiplicity)
@@ -176,6 +181,13 @@ class _ShardBuffer:
             "member_offset": self.member_offset,
             "member_size": self.member_size,
             "member_hash": self.member_hash,
+            "sample_hash": np.frombuffer(self.sample_hash, dtype=np.uint64)
+            ^ sample_layout(
+                np.frombuffer(self.sample_offset, dtype=np.uint64),
+                np.frombuffer(self.member_start, dtype=np.uint64),
+                np.frombuffer(self.member_offset, dtype=np.uint64),
+                np.frombuffer(self.member_size, dtype=np.uint64),
+            ),
             "label": self.label,
             "copy": self.copy,
             "multiplicity": self.multiplicity,

@@ -1,13 +1,15 @@
-"""Index version 3: each member's checksum covers its tar header and the padding before it.
+"""Index version 3: one checksum per sample, over its tar headers, padding and data.
 
-A v3 ``member_hash`` is xxh3_64 of the tar bytes from the end of the previous member's data
-(or the sample's start) to the end of the member's data, so the per-member checks that the
-loader makes anyway cover every byte of a sample up to its last member's data: a flipped
-byte in a header, in the padding between members or in the data is refused on the
-per-sample and the batch path, in process and in a DataLoader worker, naming the shard, the
-key, its offset and what is damaged; the separate header comparison (``damaged_headers``)
-does not run on reads of a v3 output. Version 2 outputs (data-only checksums, made here by
-converting a v3 build's indexes) are still read, and their header damage still caught.
+A v3 ``sample_hash[i]`` is xxh3_64 of the tar bytes from sample ``i``'s first header to the
+end of its last member's data (``member_hash`` stays the data's checksum, as in version 2),
+so the one check per sample that the loader makes covers every byte of a sample up to its
+last member's data: a flipped byte in a header, in the padding between members or in the
+data is refused on the per-sample and the batch path, in process and in a DataLoader
+worker, naming the shard, the key, its offset and what is damaged (worked out from the
+members' data checksums and the headers once the sample's checksum failed); the separate
+header comparison (``damaged_headers``) does not run on reads of a v3 output. Version 2
+outputs (no ``sample_hash``, made here by converting a v3 build's indexes) are still read,
+and their header damage still caught.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from shardprep.shardformat import (
     BLOCK,
     ShardIndex,
     encode_index,
-    hashed_from,
     payload_checksum,
+    sample_checksums,
+    sample_ends,
 )
 from shardprep.verify import verify_output
 from tests.faults.shard_surgery import _update_entry, copy_output, index_of
@@ -39,15 +42,15 @@ SHARDS = 8  # conftest ``built``
 
 
 def _as_version_2(out: Path) -> None:
-    """Make ``out`` what a version 2 shardprep wrote: data-only checksums, version 2 indexes
-    (the manifest's index sha256 and size follow)."""
+    """Make ``out`` what a version 2 shardprep wrote: data-only checksums, no sample_hash,
+    version 2 indexes (the manifest's index sha256 and size follow)."""
     for shard in range(SHARDS):
         index = index_of(out, shard)
         data = (out / f"shard-{shard:05d}.tar").read_bytes()
         arrays = {
             f.name: np.array(getattr(index, f.name))
             for f in dataclasses.fields(ShardIndex)
-            if f.name not in ("exts", "version")
+            if f.name not in ("exts", "version", "sample_hash")
         }
         arrays["member_hash"] = np.array(
             [
@@ -67,6 +70,15 @@ def built_v2(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = copy_output(built, tmp_path_factory.mktemp("v2") / "out")
     _as_version_2(out)
     return out
+
+
+def _mix(relative: int, size: int) -> int:
+    """The layout mix of one member (``shardformat.sample_layout``), in plain integers."""
+    full = (1 << 64) - 1
+    value = ((relative * 0x9E3779B97F4A7C15) & full) ^ ((size * 0xC2B2AE3D27D4EB4F) & full)
+    value ^= value >> 31
+    value = (value * 0x165667B19E3779F9) & full
+    return value ^ (value >> 29)
 
 
 def _flip(out: Path, position: int) -> None:
@@ -96,20 +108,36 @@ def _read(out: Path, batch_size: int | None, workers: int) -> list[str]:
     return keys
 
 
-def test_a_new_build_writes_version_3_checksums_over_headers_and_padding(built: Path) -> None:
+def test_a_new_build_writes_version_3_sample_checksums_over_headers_and_padding(
+    built: Path,
+) -> None:
     for shard in range(SHARDS):
         index = index_of(built, shard)
         data = (built / f"shard-{shard:05d}.tar").read_bytes()
         n = index.num_samples
-        assert index.version == 3
-        start = hashed_from(index, 0, n)
-        end = (index.member_offset + index.member_size).astype(np.int64)
-        firsts = index.member_start[:-1].astype(np.int64)
-        assert start[firsts].tolist() == index.sample_offset[:-1].tolist()  # a sample's start
-        rest = np.setdiff1d(np.arange(len(start)), firsts)
-        assert start[rest].tolist() == end[rest - 1].tolist()  # the previous data's end
+        assert index.version == 3 and len(index.sample_hash) == n
+        start = index.sample_offset[:-1].astype(np.int64)
+        end = sample_ends(index, 0, n)
+        last = index.member_start[1:].astype(np.int64) - 1  # every sample has members here
+        assert end.tolist() == (index.member_offset[last] + index.member_size[last]).tolist()
+        assert (end < index.sample_offset[1:].astype(np.int64)).all()  # trailing padding out
         got = [payload_checksum(data[a:b]) for a, b in zip(start, end, strict=True)]
-        assert got == index.member_hash.tolist()
+        assert got == sample_checksums(index, 0, n).tolist()
+        # stored combined with each sample's member layout (offsets from its start, sizes)
+        layout = []
+        for i in range(n):
+            mixed = 0
+            for m in range(int(index.member_start[i]), int(index.member_start[i + 1])):
+                mixed ^= _mix(
+                    int(index.member_offset[m]) - int(start[i]), int(index.member_size[m])
+                )
+            layout.append(mixed)
+        assert [g ^ x for g, x in zip(got, layout, strict=True)] == index.sample_hash.tolist()
+        data_sums = [
+            payload_checksum(data[int(a) : int(a) + int(z)])
+            for a, z in zip(index.member_offset, index.member_size, strict=True)
+        ]
+        assert data_sums == index.member_hash.tolist()  # the data only, as in version 2
 
 
 def test_a_version_2_output_is_read_as_before(built: Path, built_v2: Path) -> None:
@@ -204,16 +232,15 @@ def test_a_version_3_flip_is_refused_naming_what_is_damaged(
         ), text
     else:
         damaged = bytearray((out / f"shard-{SHARD:05d}.tar").read_bytes())
-        got = payload_checksum(damaged[data_at - BLOCK : data_at + size])
+        got = payload_checksum(damaged[data_at : data_at + size])
         assert text.endswith(
             _message_tail(
                 out,
                 key,
                 offset,
-                f"checksum mismatch in its .bin member (its tar header at offset "
-                f"{data_at - BLOCK} and its {size} bytes at offset {data_at} hash to "
-                f"{got:#018x}, the index recorded {int(index.member_hash[member]):#018x}): the "
-                "shard's bytes are damaged",
+                f"checksum mismatch in its .bin member (the {size} bytes at offset {data_at} "
+                f"hash to {got:#018x}, the index recorded {int(index.member_hash[member]):#018x})"
+                ": the shard's bytes are damaged",
             )
         ), text
     if not workers:

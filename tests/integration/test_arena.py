@@ -237,3 +237,55 @@ def test_a_damaged_member_of_a_large_batch(big: Path, tmp_path: Path, workers: i
         for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
     ]
     assert got == want and sum(sum(p) for _, _, p in got) == 1  # the damaged sample, stood in for
+
+
+def _flip_at(out: Path, shard: int, sample: int, region: str) -> tuple[str, str]:
+    """Flip one byte of ``sample`` in ``shard`` outside its data (version 3 index): in its
+    .cls member's tar header or in the padding before it. Its key and what the error says."""
+    index = decode_index((out / f"shard-{shard:05d}.idx").read_bytes(), "idx")
+    member = int(index.member_start[sample])
+    end = int(index.member_offset[member]) + int(index.member_size[member])
+    assert index.version == 3 and end % 512  # the .bin member is padded
+    cls_header = int(index.member_offset[member + 1]) - 512
+    position = cls_header + 3 if region == "header" else end + 5
+    with open(out / f"shard-{shard:05d}.tar", "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    said = (
+        f"the tar header of its .cls member (at offset {cls_header})"
+        if region == "header"
+        else f"the zero padding before its .cls member's tar header (offset {end})"
+    )
+    return index.key(sample), said
+
+
+@pytest.mark.parametrize("region", ["header", "padding"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_damaged_header_or_padding_in_a_large_batch(
+    big: Path, tmp_path: Path, workers: int, region: str
+) -> None:
+    """A large batch's samples are checked by streaming checksums (the bytes between members
+    from the window, the data from its copy): a flipped byte in a tar header or in the
+    padding between members raises what the per-sample path raises, naming the sample and
+    what is damaged; under ``on_error="skip"`` the batches are the per-sample path's, byte
+    for byte."""
+    out = tmp_path / "out"
+    shutil.copytree(big, out)
+    key, said = _flip_at(out, 2, 7, region)
+    errors = []
+    for transform in (None, lambda s: s):
+        ds = ShardDataset(str(out), batch_size=32, seed=17, transform=transform)
+        with pytest.raises(CorruptShardError) as info:
+            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+        errors.append(str(info.value).splitlines()[-1])
+    assert errors[0] == errors[1] and f"sample {key!r}" in errors[0] and said in errors[0]
+
+    skip = ReadOptions(on_error="skip")
+    slow = ShardDataset(str(out), batch_size=32, seed=17, read=skip, transform=lambda s: s)
+    want = [(b["__key__"].tolist(), b["bin"].tolist(), b["__padded__"].tolist()) for b in slow]
+    ds = ShardDataset(str(out), batch_size=32, seed=17, read=skip)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    got = [(b["__key__"].tolist(), b["bin"].tolist(), b["__padded__"].tolist()) for b in loader]
+    assert got == want and sum(sum(p) for _, _, p in got) == 1  # the damaged sample, stood in for

@@ -95,3 +95,23 @@ def test_a_reservation_not_committed_is_given_up() -> None:
     assert following is not None and following[:2] == (1000, 500)
     _, second = ring.commit(1000, 500, 500)
     assert second.storage is None  # the ring itself crosses once, with the first payload
+
+
+def test_a_withdrawn_commit_gives_its_bytes_back() -> None:
+    """A batch whose later field fails its checksum (version 3: checked once every field is
+    copied) withdraws the payloads it committed, last first: the next reservation gets the
+    same bytes, and the next ticket carries the ring if the withdrawn one did."""
+    ring = arena.Arena()
+    assert ring.reserve(1000) is not None
+    _, first = ring.commit(0, 1000, 1000)
+    _, second = ring.commit(1000, 500, 500)
+    ring.withdraw(second)
+    ring.withdraw(first)
+    again = ring.reserve(1000)
+    assert again is not None and again[:2] == (0, 1000)
+    _, ticket = ring.commit(0, 1000, 1000)
+    assert ticket.storage is not None  # the ring crosses with the first ticket that leaves
+    _, kept = ring.commit(1000, 500, 500)
+    ring.withdraw(kept)
+    following = ring.reserve(500)
+    assert following is not None and following[:2] == (1000, 500)

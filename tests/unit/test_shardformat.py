@@ -187,6 +187,7 @@ def _arrays(frames: bool) -> dict[str, object]:
         "member_offset": [512, 1536, 2560, 5632, 7168],
         "member_size": [10, 1, 300, 1000, 1],
         "member_hash": np.array([0, 2**64 - 1, 12345678901234567890, 7, 1 << 63], dtype=np.uint64),
+        "sample_hash": np.array([2**64 - 2, 5, 1 << 62], dtype=np.uint64),
         "label": [2, -1, 0] if not frames else [0, 1, 70000],
         "copy": [0, 0, 3],
         "multiplicity": [1, 1, 4],
@@ -217,6 +218,7 @@ def test_index_round_trip(frames: bool) -> None:
         "member_offset": np.uint64,
         "member_size": np.uint64,
         "member_hash": np.uint64,
+        "sample_hash": np.uint64,
         "label": np.int32,
         "copy": np.uint32,
         "multiplicity": np.uint32,
@@ -251,9 +253,10 @@ def test_index_header_is_sorted_json_with_version() -> None:
     assert head_len % 8 == 0
     header = json.loads(data[16 : 16 + head_len])
     assert header["format"] == "shardprep-index"
-    assert header["version"] == 3  # 2: member_hash (data); 3: it covers headers and padding
+    assert header["version"] == 3  # 3: sample_hash (headers, padding, data); 2: none
     assert header["arrays"]["label"][0] == "<i4"
     assert header["arrays"]["member_hash"][0] == "<u8"
+    assert header["arrays"]["sample_hash"][0] == "<u8"
     assert header["arrays"]["sample_offset"][1] == 0  # first array right after the header
     for _dtype, offset, _length in header["arrays"].values():
         assert offset % 8 == 0
@@ -351,15 +354,28 @@ def test_version_2_is_read_and_others_refused() -> None:
             decode_index(data, "x.idx")
 
 
-def test_hashed_from_tiles_each_sample() -> None:
-    """Version 3: a member's hashed bytes start at the previous member's data end, or at its
-    sample's start; version 2: at its data."""
-    from shardprep.shardformat import hashed_from
-
+def test_a_version_2_index_has_no_sample_hash() -> None:
+    """Version 2 indexes are written and read without ``sample_hash`` (empty when read)."""
     arrays = _arrays(False)
-    v3 = decode_index(encode_index(["jpg", "cls", "seg.png"], arrays))
-    assert hashed_from(v3, 0, 3).tolist() == [0, 522, 2048, 5120, 6632]
-    assert hashed_from(v3, 1, 3).tolist() == [2048, 5120, 6632]
-    assert hashed_from(v3, 2, 2).tolist() == []
-    v2 = decode_index(encode_index(["jpg", "cls", "seg.png"], arrays, version=2))
-    assert hashed_from(v2, 0, 3).tolist() == [512, 1536, 2560, 5632, 7168]
+    data = encode_index(["jpg", "cls", "seg.png"], arrays, version=2)
+    (head_len,) = struct.unpack_from("<Q", data, 8)
+    assert "sample_hash" not in json.loads(data[16 : 16 + head_len])["arrays"]
+    v2 = decode_index(data)
+    assert v2.version == 2 and v2.sample_hash.tolist() == [] and v2.sample_hash.dtype == np.uint64
+    assert v2.member_hash.tolist() == np.asarray(arrays["member_hash"]).tolist()
+    del arrays["sample_hash"]  # not needed for version 2
+    assert encode_index(["jpg", "cls", "seg.png"], arrays, version=2) == data
+
+
+def test_sample_ends_are_each_samples_last_data_end() -> None:
+    """A sample's hashed bytes end where its last member's data ends (not its padding)."""
+    from shardprep.shardformat import sample_ends
+
+    v3 = decode_index(encode_index(["jpg", "cls", "seg.png"], _arrays(False)))
+    assert sample_ends(v3, 0, 3).tolist() == [1537, 2860, 7169]
+    assert sample_ends(v3, 1, 3).tolist() == [2860, 7169]
+    assert sample_ends(v3, 2, 2).tolist() == []
+    arrays = _arrays(False)
+    arrays["member_start"] = [0, 2, 2, 5]  # sample 1 without members: it ends at its start
+    odd = decode_index(encode_index(["jpg", "cls", "seg.png"], arrays))
+    assert sample_ends(odd, 0, 3).tolist() == [1537, 2048, 7169]
