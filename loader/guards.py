@@ -12,11 +12,42 @@ worker info and the wrapper cannot be seen.)
 
 from __future__ import annotations
 
+import sys
+
 import torch.utils.data
 
 from loader.errors import WorldMismatchError
 
-__all__ = ["check_not_resplit"]
+__all__ = ["REBATCH", "check_not_rebatched", "check_not_resplit"]
+
+REBATCH = (
+    "ShardDataset(batch_size=...) already yields whole batches, and this DataLoader was "
+    "given a batch_size too (it would batch batches, and len(loader) would be wrong): "
+    "create it with DataLoader(dataset, batch_size=None, ...)"
+)
+_FETCH = "torch.utils.data._utils.fetch"  # where DataLoader (and torchdata's) call iter(dataset)
+
+
+def check_not_rebatched(batch_size: int | None) -> None:
+    """Raise if a DataLoader with a batch size of its own iterates a batching dataset.
+
+    Call it from ``__iter__``. torch's fetcher calls ``iter(dataset)`` with
+    ``auto_collation`` true exactly when the DataLoader batches; whatever its
+    ``collate_fn``, it would then put ``batch_size`` of our batches in each of
+    its own. (With the default collate, ``loader.batch`` refuses too.)
+
+    Raises:
+        TypeError: a batching dataset under a batching DataLoader.
+    """
+    if batch_size is None:
+        return
+    caller = sys._getframe(2)  # the caller of __iter__
+    if (
+        caller.f_code.co_name == "__init__"
+        and caller.f_globals.get("__name__") == _FETCH
+        and caller.f_locals.get("auto_collation") is True
+    ):
+        raise TypeError(REBATCH)
 
 
 def check_not_resplit() -> None:

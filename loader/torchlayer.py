@@ -23,7 +23,7 @@ from loader.batch import POSITION
 from loader.elastic import Pass
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
-from loader.guards import check_not_resplit
+from loader.guards import check_not_rebatched, check_not_resplit
 from loader.lifeline import watch_trainer
 from loader.state import Position, check_state, next_position
 from loader.stream import EpochStream
@@ -121,6 +121,7 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> EpochStream:
         check_not_resplit()
+        check_not_rebatched(self.batch_size)
         info = worker_info()  # None in the main process (num_workers=0)
         if info is not None:
             watch_trainer()  # this worker exits when its training process dies (loader.lifeline)

@@ -155,6 +155,22 @@ def test_a_dataloader_batch_size_on_a_batching_dataset_is_refused(built: Path) -
         next(iter(loader))
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("stateful", [False, True], ids=["DataLoader", "StatefulDataLoader"])
+def test_double_batching_is_refused_whatever_the_collate_fn(
+    built: Path, num_workers: int, stateful: bool
+) -> None:
+    """A custom collate_fn used to be handed lists of our batches (len 1, 2, ... delivered)."""
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader as make
+    else:
+        make = torch.utils.data.DataLoader
+    ds = ShardDataset(str(built), batch_size=8)
+    loader = make(ds, batch_size=4, collate_fn=lambda items: items, num_workers=num_workers)
+    with pytest.raises(TypeError, match=r"it would batch batches.*batch_size=None"):
+        next(iter(loader))
+
+
 def test_sample_mode_has_no_len_that_could_lie(built: Path) -> None:
     ds = ShardDataset(str(built))
     with pytest.raises(TypeError, match="batch_size"):
