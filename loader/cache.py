@@ -6,24 +6,10 @@ and verified or absent, it is checked against what the manifest already
 holds for it (size and sha256), eviction deletes whole files, and no
 shared state exists besides the files and their locks.
 
-Layout. The cache owns one folder, ``cache_dir/shardprep-cache/``, marked by
-a ``CACHEDIR.TAG`` that names the layout; it never writes, reads for its
-own use or deletes anything else under ``cache_dir``. A folder of that name
-that holds files but no marker is refused (:func:`check_cache_dir`, called
-when ``RemoteOptions`` is made), so is an empty ``cache_dir`` or a file::
-
-    cache_dir/shardprep-cache/
-        CACHEDIR.TAG                    marker (layout 1)
-        .evict.lock                     held while room is made or a file renamed
-        <16 hex: URL + manifest>/       one folder per output (a rebuilt output gets a new one)
-            shard-00007.tar             a cached file, under its manifest name
-            shard-00007.tar.ok          its stamp: sha256 and file identity when verified
-            shard-00007.tar.lock        flock: one download at a time
-            .shard-00007.tar.<pid>.<n>.part   a download in progress
-
-Only names of that form, as plain files (never through a symlink) inside
-folders of that form, are ever deleted; an output's folder that is a symlink
-is refused (ValueError), never written or deleted through.
+Layout. The cache owns one folder, ``cache_dir/shardprep-cache/``, and
+nothing else under ``cache_dir``: the names it may write, count and delete
+there, and the checks made before it writes anything, are in
+``loader.cachedir``.
 
 Safety rules (every worker and rank of one node may share the folder):
 
@@ -72,7 +58,6 @@ import hashlib
 import itertools
 import logging
 import os
-import re
 import stat
 import threading
 import time
@@ -80,35 +65,33 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, BinaryIO
 
+from loader.cachedir import (
+    CACHE_FOLDER,
+    EVICT_LOCK,
+    LOCK,
+    MARKER,
+    MARKER_TEXT,
+    PART,
+    STAMP,
+    check_folder,
+    check_home,
+    file_size,
+    own_entries,
+    own_parts,
+)
 from shardprep.errors import ChecksumMismatchError
 from shardprep.manifest import Manifest, ShardEntry
 
 if TYPE_CHECKING:
     from loader.source import Source
 
-__all__ = ["CACHE_FOLDER", "ShardCache", "cache_bytes", "check_cache_dir"]
+__all__ = ["ShardCache"]
 
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 600.0  # waiting for another process's download of the same file
 DOWNLOAD_PARALLEL = 4  # ranged GETs of one file in flight (memory: 4 x request_bytes)
-CACHE_FOLDER = "shardprep-cache"
-MARKER = "CACHEDIR.TAG"
-LAYOUT = 1
-MARKER_TEXT = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    f"# shardprep cache, layout {LAYOUT}: remote shards kept by shardprep's loader.\n"
-    "# Delete this folder to empty the cache (no job may be reading through it).\n"
-)
-PART = ".part"
-LOCK = ".lock"
-STAMP = ".ok"
-EVICT_LOCK = ".evict.lock"
 READ_BLOCK = 1 << 20
-_OUTPUT_FOLDER = re.compile(r"[0-9a-f]{16}")
-_NAME = r"shard-\d{5,}\.(?:tar|tar\.zst|idx)"  # shardformat.shard_name / index_name
-_ENTRY = re.compile(_NAME)
-_PART = re.compile(rf"\.({_NAME})\.\d+\.\d+\.part")
 _counter = itertools.count()
 _warned: set[str] = set()  # cache folders whose failed local write this process reported
 _warned_lock = threading.Lock()
@@ -120,89 +103,6 @@ class _CacheWriteError(Exception):
     def __init__(self, path: str, err: OSError) -> None:
         super().__init__(f"{path}: {err.strerror or err}")
         self.path, self.err = path, err
-
-
-# --- the folder -------------------------------------------------------------------------
-
-
-def check_cache_dir(cache_dir: object) -> None:
-    """Refuse a ``cache_dir`` the cache cannot own safely; touches nothing.
-
-    Raises:
-        ValueError: ``cache_dir`` is not a str, is empty, is a file, or its
-            ``shardprep-cache`` entry is a file, a folder of files that is not a
-            shardprep cache, or a cache of another layout (the message says what to do).
-    """
-    if isinstance(cache_dir, os.PathLike):
-        cache_dir = os.fspath(cache_dir)
-    if not isinstance(cache_dir, str):
-        raise ValueError(f"RemoteOptions.cache_dir must be a folder path (str), not {cache_dir!r}")
-    if not cache_dir.strip():
-        raise ValueError(
-            f"RemoteOptions.cache_dir={cache_dir!r} is empty: give the folder to keep cached "
-            "shards in (e.g. '/tmp/shardprep'), or None to read without a cache"
-        )
-    if "\0" in cache_dir:
-        raise ValueError(f"RemoteOptions.cache_dir={cache_dir!r} holds a NUL character")
-    if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
-        raise ValueError(
-            f"RemoteOptions.cache_dir={cache_dir!r} is a file, not a folder: give a folder "
-            f"(the cache keeps its files in {os.path.join(cache_dir, CACHE_FOLDER)!r})"
-        )
-    _check_home(os.path.join(cache_dir, CACHE_FOLDER))
-
-
-def _check_home(home: str) -> None:
-    """``home`` is absent, empty (being made), or a shardprep cache of this layout."""
-    if not os.path.lexists(home):
-        return
-    if os.path.islink(home) and not os.path.isdir(home):
-        raise ValueError(f"{home}: a broken symlink; remove it or choose another cache_dir")
-    if not os.path.isdir(home):
-        raise ValueError(
-            f"{home}: a file is in the way of the cache folder; move it or choose another cache_dir"
-        )
-    _check_owner(home)
-    try:
-        with open(os.path.join(home, MARKER), "rb") as f:
-            text = f.read(len(MARKER_TEXT) + 1).decode("utf-8", "replace")
-    except FileNotFoundError:
-        if os.listdir(home):
-            raise ValueError(
-                f"{home}: holds files but is not a shardprep cache (no {MARKER}); the cache "
-                "never deletes files it did not make: move them away or choose another "
-                "cache_dir"
-            ) from None
-        return
-    if not MARKER_TEXT.startswith(text):  # a prefix: another process is writing it right now
-        raise ValueError(
-            f"{home}: {MARKER} is not the one of a shardprep cache of layout {LAYOUT} (made by "
-            "another tool or shardprep version?); delete that folder or choose another cache_dir"
-        )
-
-
-def _check_folder(folder: str) -> None:
-    """``folder`` (an output's folder in the cache) is a real folder, not a link to one: the
-    cache deletes and replaces files named like shards in it."""
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode):
-        what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a folder"
-        raise ValueError(
-            f"{folder}: {what} where the cache keeps an output's files; the cache never "
-            "writes or deletes through links: remove it (the cache makes the folder again)"
-        )
-    _check_owner(folder)
-
-
-def _check_owner(folder: str) -> None:
-    """``folder`` belongs to this user: in a folder another user owns (a shared ``/tmp``),
-    that user could swap files or links under the cache between its checks and its uses."""
-    owner = os.lstat(folder).st_uid
-    if owner != os.geteuid():
-        raise ValueError(
-            f"{folder}: owned by another user (uid {owner}), who could change what the cache "
-            "reads and deletes there; choose a cache_dir of your own"
-        )
 
 
 def _make_home(home: str) -> None:
@@ -221,7 +121,7 @@ def _make_home(home: str) -> None:
             os.unlink(marker)
             raise
         os.close(fd)
-    _check_home(home)
+    check_home(home)
 
 
 # --- the cache ----------------------------------------------------------------------------
@@ -289,7 +189,7 @@ class ShardCache:
         _make_home(self.home)
         os.makedirs(self.folder, exist_ok=True)
         with _locked(self._evict_lock, self.lock_timeout_s):
-            for path in _own_parts(self.home):
+            for path in own_parts(self.home):
                 _try_remove_dead_part(path)
 
     # --- public -----------------------------------------------------------------
@@ -320,7 +220,7 @@ class ShardCache:
 
     def _acquire(self, name: str, size: int, sha256: str) -> BinaryIO | None:
         final = os.path.join(self.folder, name)
-        _check_folder(self.folder)  # every path below goes through it
+        check_folder(self.folder)  # every path below goes through it
         with _locked(final + LOCK, self.lock_timeout_s):
             pinned, damage = self._open_pinned(final, size, sha256)
             if pinned is not None:
@@ -470,12 +370,12 @@ class ShardCache:
         assert self.limit is not None
         files = []
         total = 0
-        for path in _own_parts(self.home):
+        for path in own_parts(self.home):
             if _try_remove_dead_part(path):
                 continue
-            total += _size(path)
-        for path in _own_entries(self.home):
-            nbytes = _size(path)
+            total += file_size(path)
+        for path in own_entries(self.home):
+            nbytes = file_size(path)
             total += nbytes
             used = _mtime(path + STAMP) or _mtime(path)
             files.append((used, path, nbytes))
@@ -535,49 +435,6 @@ class ShardCache:
             "on that disk or lower RemoteOptions.cache_limit to cache again",
             stacklevel=2,
         )
-
-
-def cache_bytes(cache_dir: str | os.PathLike[str]) -> int:
-    """Bytes of the cache in ``cache_dir``: cached files and downloads in progress (not stamps,
-    locks or anything that is not the cache's)."""
-    home = os.path.join(cache_dir, CACHE_FOLDER)
-    return sum(_size(p) for p in itertools.chain(_own_entries(home), _own_parts(home)))
-
-
-# --- what the cache owns -------------------------------------------------------------------
-
-
-def _own_files(home: str, pattern: re.Pattern[str]) -> Iterator[str]:
-    """Plain files (not symlinks) named like ``pattern`` in the output folders of ``home``."""
-    try:
-        outputs = list(os.scandir(home))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for output in outputs:
-        if not (_OUTPUT_FOLDER.fullmatch(output.name) and output.is_dir(follow_symlinks=False)):
-            continue
-        try:
-            files = list(os.scandir(output.path))
-        except FileNotFoundError:
-            continue
-        for f in files:
-            if pattern.fullmatch(f.name) and f.is_file(follow_symlinks=False):
-                yield f.path
-
-
-def _own_entries(home: str) -> Iterator[str]:
-    return _own_files(home, _ENTRY)
-
-
-def _own_parts(home: str) -> Iterator[str]:
-    return _own_files(home, _PART)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.lstat(path).st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _mtime(path: str) -> int:

@@ -101,7 +101,7 @@ class RemoteOptions:
         if self.cache_limit is not None and self.cache_dir is None:
             raise ValueError("cache_limit needs a cache_dir")
         if self.cache_dir is not None:
-            from loader.cache import check_cache_dir  # imported only when a cache is set
+            from loader.cachedir import check_cache_dir  # imported only when a cache is set
 
             check_cache_dir(self.cache_dir)
 

@@ -23,7 +23,8 @@ import pytest
 import shardprep
 from loader import ReadOptions, RemoteOptions, ShardDataset
 from loader import source as source_module
-from loader.cache import CACHE_FOLDER, ShardCache, cache_bytes
+from loader.cache import ShardCache
+from loader.cachedir import CACHE_FOLDER, cache_bytes
 from loader.source import Source
 from shardprep.errors import ChecksumMismatchError
 from tests.conftest import write_class_folders

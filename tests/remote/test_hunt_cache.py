@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from loader import ReadOptions, RemoteOptions, ShardDataset
-from loader.cache import CACHE_FOLDER, ShardCache
+from loader.cache import ShardCache
+from loader.cachedir import CACHE_FOLDER
 from loader.source import Source
 from tests.s3 import S3Server
 

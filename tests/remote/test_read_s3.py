@@ -20,7 +20,8 @@ import torch.utils.data
 
 from loader import CorruptShardError, ReadOptions, RemoteOptions, ShardDataset
 from loader import source as source_module
-from loader.cache import ShardCache, cache_bytes
+from loader.cache import ShardCache
+from loader.cachedir import cache_bytes
 from loader.prefetch import THREAD_NAME
 from loader.source import Source
 from tests.distributed.harness import run_ranks

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from loader import RemoteOptions
-from loader.cache import CACHE_FOLDER, MARKER, MARKER_TEXT, ShardCache, cache_bytes
+from loader.cache import ShardCache
+from loader.cachedir import CACHE_FOLDER, MARKER, MARKER_TEXT, cache_bytes
 from loader.source import Source
 
 
