@@ -86,6 +86,8 @@ class Window:
                 [t.damaged | (self.checks and t.by_sample) for t in tables]
             )
         self.any_damaged = bool(self.damaged.any())
+        # every sample checked already (its result in ``damaged``): batches check nothing
+        self.prechecked = self.by_sample and all(t.prechecked for t in tables)
         self.chunk = np.repeat(np.arange(len(tables)), [len(t.size) for t in tables])
         self.buffers = [memoryview(t.data) for t in tables]
         ids: dict[str, int] = {}
@@ -163,7 +165,9 @@ class Window:
         members = np.repeat(self.begin[positions] - starts[:-1], counts) + np.arange(starts[-1])
         views = self.members(members)
         if self.by_sample:
-            if not self.samples_match(positions):
+            if (self.any_damaged and self.damaged[positions].any()) or (
+                not self.prechecked and not self.samples_match(positions)
+            ):
                 for p in positions.tolist():
                     self.sample(p)  # raises at the first damaged sample, naming it
                 raise RuntimeError(
@@ -215,6 +219,7 @@ class Carried(Window):
         self.any_damaged = False
         self.checks = False  # checked as they were copied
         self.by_sample = False
+        self.prechecked = False
         self.chunk = np.zeros(len(members), dtype=np.int64)
         self.buffers = [memoryview(bytearray().join(views))]  # the one copy
         self.field = window.field[members]
@@ -461,7 +466,7 @@ def _streams(
     (one slice each: None if one fails) and there is no stream."""
     streams: list[_Stream | None] = []
     for (window, members), (_, positions) in zip(columns, segments, strict=True):
-        if not window.by_sample or members is None:
+        if not window.by_sample or window.prechecked or members is None:
             streams.append(None)
         elif large:
             streams.append(_Stream(window, positions))

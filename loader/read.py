@@ -48,6 +48,7 @@ from shardprep.manifest import Manifest
 from shardprep.shardformat import (
     ShardIndex,
     decode_index,
+    mismatched,
     payload_checksum,
     sample_checksums,
     sample_ends,
@@ -58,6 +59,7 @@ __all__ = ["BufferPool", "Chunk", "ChunkTable", "RangeIO", "ShardReader", "Unche
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
+PRECHECK_BYTES = 64 << 10  # a chunk's v3 samples this small on average are checked at once
 INDEX_CACHE_BYTES = 12 << 20  # shard indexes kept per worker: ~66 B per sample of 2 members
 
 
@@ -70,8 +72,9 @@ class ChunkTable:
     (``by_sample``) sample ``j``'s bytes ``data[span_start[j]:span_end[j]]`` (headers,
     padding between members, data) have the recorded checksum ``sample_checksum[j]``, the
     one to check (the three are empty for version 2). ``damaged[j]``: a tar header of
-    sample ``j``'s members is not the writer's (version 2 only: the sample must not be
-    handed out).
+    sample ``j``'s members is not the writer's (version 2), or (``prechecked``, version 3
+    samples of less than ``PRECHECK_BYTES`` on average) its bytes fail their checksum: the
+    sample must not be handed out.
     """
 
     data: bytes | memoryview
@@ -84,6 +87,7 @@ class ChunkTable:
     ext: IntArray
     checksum: npt.NDArray[np.uint64]
     by_sample: bool
+    prechecked: bool
     span_start: IntArray
     span_end: IntArray
     sample_checksum: npt.NDArray[np.uint64]
@@ -205,9 +209,13 @@ class Chunk:
             lists.ext,
         )
         view = type(data) is memoryview  # views of a reused read buffer
-        spans = lists.spans
-        if spans is not None:  # version 3: one checksum over the sample's bytes
-            if self.checks and payload_checksum(spans[0][spans[1][j] : spans[2][j]]) != spans[3][j]:
+        failing, spans = lists.bad, lists.spans
+        if failing is not None or spans is not None:  # version 3: one checksum per sample
+            if (
+                failing[j]  # small samples: all of the chunk's checked at once
+                if failing is not None
+                else payload_checksum(spans[0][spans[1][j] : spans[2][j]]) != spans[3][j]  # type: ignore[index]
+            ):
                 raise self._damaged_sample(j)
             for m in range(lists.start[j], lists.start[j + 1]):
                 start = offset[m]
@@ -255,6 +263,15 @@ class Chunk:
             if by_sample:
                 span_start, span_end = span_start[chosen], span_end[chosen]
                 sample_checksum = sample_checksum[chosen]
+        # small samples are all checked now, in one pass (their batches then check nothing);
+        # large ones as their batch copies them (``loader.assemble``), so each byte is read once
+        prechecked = (
+            by_sample
+            and self.checks
+            and int(span_end.sum() - span_start.sum()) < PRECHECK_BYTES * max(len(span_end), 1)
+        )
+        if prechecked:
+            damaged |= mismatched(self._data, span_start, span_end, sample_checksum)
         return ChunkTable(
             data=self._data,
             exts=self._exts,
@@ -266,6 +283,7 @@ class Chunk:
             ext=index.member_ext[members].astype(np.int64),
             checksum=index.member_hash[members],
             by_sample=by_sample,
+            prechecked=prechecked,
             span_start=span_start,
             span_end=span_end,
             sample_checksum=sample_checksum,
@@ -311,15 +329,15 @@ class Chunk:
             m = member - int(index.member_start[self._first])
             payload = memoryview(self._data)[lists.offset[m] : lists.offset[m] + lists.size[m]]
             return self._damaged(j, m, payload)
-        spans = lists.spans
-        assert spans is not None
-        got = payload_checksum(spans[0][spans[1][j] : spans[2][j]])
+        end = int(sample_ends(index, sample, sample + 1)[0])
+        got = payload_checksum(memoryview(self._data)[offset - base : end - base])
+        expected = int(sample_checksums(index, sample, sample + 1)[0])
         return CorruptShardError.at(
             self._shard,
             key,
             offset,
-            f"checksum mismatch over its tar bytes (the {spans[2][j] - spans[1][j]} bytes at "
-            f"offset {offset} hash to {got:#018x}, the index records {spans[3][j]:#018x}, "
+            f"checksum mismatch over its tar bytes (the {end - offset} bytes at "
+            f"offset {offset} hash to {got:#018x}, the index records {expected:#018x}, "
             "though each member's data, header and padding is intact): the index or the "
             "shard's bytes are damaged",
         )
@@ -347,21 +365,24 @@ class _SampleLists:
     Member numbers are relative to the chunk (its first member is 0), offsets to ``base``.
     """
 
-    __slots__ = ("ext", "hash", "keys", "offset", "size", "spans", "start")
+    __slots__ = ("bad", "ext", "hash", "keys", "offset", "size", "spans", "start")
 
     def __init__(
         self, index: ShardIndex, a: int, b: int, base: int, data: bytes | memoryview | None
     ) -> None:
         first, last = int(index.member_start[a]), int(index.member_start[b])
-        # version 3: sample j's checksum spans[3][j] covers spans[0][spans[1][j]:spans[2][j]]
+        # version 3: bad[j], sample j's bytes fail its checksum (small samples: all checked at
+        # once, here); or, for large ones (hashed as each is handed out, then copied while in
+        # cache), sample j's checksum spans[3][j] covers spans[0][spans[1][j]:spans[2][j]]
+        self.bad: list[bool] | None = None
         self.spans: tuple[memoryview, list[int], list[int], list[int]] | None = None
         if index.version != 2 and data is not None:
-            self.spans = (
-                memoryview(data),
-                (index.sample_offset[a:b].astype(np.int64) - base).tolist(),
-                (sample_ends(index, a, b) - base).tolist(),
-                sample_checksums(index, a, b).tolist(),
-            )
+            starts = index.sample_offset[a:b].astype(np.int64) - base
+            ends, sums = sample_ends(index, a, b) - base, sample_checksums(index, a, b)
+            if int(ends.sum() - starts.sum()) < PRECHECK_BYTES * max(b - a, 1):
+                self.bad = mismatched(data, starts, ends, sums).tolist()
+            else:
+                self.spans = (memoryview(data), starts.tolist(), ends.tolist(), sums.tolist())
         self.keys: list[str] = key_list(index, a, b)
         self.hash: list[int] = index.member_hash[first:last].tolist()
         self.start: list[int] = (index.member_start[a : b + 1] - first).tolist()

@@ -51,6 +51,7 @@ __all__ = [
     "decode_index",
     "READ_VERSIONS",
     "encode_index",
+    "mismatched",
     "sample_checksums",
     "sample_ends",
     "sample_layout",
@@ -280,6 +281,22 @@ def sample_checksums(index: ShardIndex, a: int, b: int) -> npt.NDArray[np.uint64
         index.member_size[m0:m1],
     )
     return index.sample_hash[a:b] ^ layout
+
+
+def mismatched(
+    data: bytes | memoryview,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    expected: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.bool_]:
+    """Whether each span ``data[starts[i]:ends[i]]`` does not hash to ``expected[i]``
+    (:func:`payload_checksum`). One pass in C (no Python frame per span): the slices, views
+    and checksums are made by chained ``map`` calls and each view is dropped once hashed."""
+    view = memoryview(data)
+    spans = map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+    got = np.fromiter(map(payload_checksum, spans), np.uint64, len(expected))
+    failing: npt.NDArray[np.bool_] = got != expected
+    return failing
 
 
 V3_ONLY = ("sample_hash",)

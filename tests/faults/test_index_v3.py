@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch.utils.data
 
+import loader.read
 from loader import CorruptShardError, ShardDataset
 from loader.order import SampleRange
 from loader.read import ShardReader
@@ -185,11 +186,23 @@ def _message_tail(out: Path, key: str, offset: int, reason: str) -> str:
     )
 
 
+@pytest.mark.parametrize("precheck", [True, False])
 @pytest.mark.parametrize("region", ["name", "size", "chksum", "padding", "data", "cls-header"])
 @pytest.mark.parametrize(("workers", "batch_size"), [(0, None), (0, 8), (1, None), (1, 8)])
 def test_a_version_3_flip_is_refused_naming_what_is_damaged(
-    built: Path, tmp_path: Path, region: str, workers: int, batch_size: int | None
+    built: Path,
+    tmp_path: Path,
+    region: str,
+    workers: int,
+    batch_size: int | None,
+    precheck: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``precheck``: these small samples are checked a chunk at once (as they are); else as
+    large ones are (each as it is handed out, or per batch), which the DataLoader's forked
+    worker inherits."""
+    if not precheck:
+        monkeypatch.setattr(loader.read, "PRECHECK_BYTES", 0)
     out = copy_output(built, tmp_path / "out")
     index, member, key, offset = _victim(out)
     data_at, size = int(index.member_offset[member]), int(index.member_size[member])
