@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = ["run_bounded"]
@@ -52,3 +52,23 @@ def _kill_session(process: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):  # the session is already empty
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+
+
+@contextlib.contextmanager
+def dataloader_iterator(loader: Any) -> Iterator[Any]:
+    """``iter(loader)``, whose worker processes are told to stop on exit.
+
+    When a worker's IterableDataset raises, torch marks the worker done without
+    sending it its end-of-work ``None``, and the iterator's shutdown then waits
+    up to ``MP_STATUS_CHECK_INTERVAL`` (5 s) for the worker's next poll. Tests
+    that provoke such errors send the ``None`` themselves, then shut down.
+    """
+    iterator = iter(loader)
+    try:
+        yield iterator
+    finally:
+        for queue in getattr(iterator, "_index_queues", ()):
+            queue.put(None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

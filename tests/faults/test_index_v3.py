@@ -38,6 +38,7 @@ from shardprep.shardformat import (
 from shardprep.verify import verify_output
 from tests.faults.shard_surgery import _update_entry, copy_output, index_of
 from tests.faults.test_tar_headers import SHARD, TOTAL, VICTIM, _all_keys, _check_error
+from tests.processes import dataloader_iterator
 
 SHARDS = 8  # conftest ``built``
 
@@ -104,8 +105,9 @@ def _read(out: Path, batch_size: int | None, workers: int) -> list[str]:
     ds = ShardDataset(str(out), batch_size=batch_size, seed=5)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
     keys: list[str] = []
-    for item in loader:
-        keys += [item["__key__"]] if batch_size is None else item["__key__"].tolist()
+    with dataloader_iterator(loader) as items:
+        for item in items:
+            keys += [item["__key__"]] if batch_size is None else item["__key__"].tolist()
     return keys
 
 

@@ -24,6 +24,7 @@ from loader import CorruptShardError, ReadOptions, ShardDataset
 from shardprep.integrity import _expected_headers, _ext_words, _key_words, damaged_headers
 from shardprep.shardformat import BLOCK, tar_header
 from tests.faults.shard_surgery import copy_output, index_of
+from tests.processes import dataloader_iterator
 
 TOTAL = 103  # conftest ``built``: 60/30/13 samples in 8 plain shards
 SHARD, VICTIM = 4, 6
@@ -129,8 +130,8 @@ def test_in_a_dataloader_worker(built: Path, tmp_path: Path, batch_size: int | N
     out, key, offset = _damage_header(built, tmp_path, "name")
     ds = ShardDataset(str(out), batch_size=batch_size, seed=5)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
-    with pytest.raises(CorruptShardError) as info:
-        list(loader)
+    with pytest.raises(CorruptShardError) as info, dataloader_iterator(loader) as items:
+        list(items)
     _check_error(str(info.value), out, key, offset)
 
 
