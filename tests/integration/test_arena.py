@@ -17,6 +17,7 @@ import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset, arena
 from shardprep.shardformat import decode_index
 from tests.conftest import write_class_folders
+from tests.processes import dataloader_iterator
 
 pytestmark = pytest.mark.skipif(not arena.RINGS, reason="rings are used on x86-64 only")
 
@@ -223,8 +224,9 @@ def test_a_damaged_member_of_a_large_batch(big: Path, tmp_path: Path, workers: i
     errors = []
     for transform in (None, lambda s: s):
         ds = ShardDataset(str(out), batch_size=32, seed=17, transform=transform)
-        with pytest.raises(CorruptShardError) as info:
-            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+        with pytest.raises(CorruptShardError) as info, dataloader_iterator(loader) as items:
+            list(items)
         errors.append(str(info.value).splitlines()[-1])  # a worker's: after its traceback
     assert errors[0] == errors[1] and key in errors[0] and "checksum mismatch" in errors[0]
 
@@ -277,8 +279,9 @@ def test_a_damaged_header_or_padding_in_a_large_batch(
     errors = []
     for transform in (None, lambda s: s):
         ds = ShardDataset(str(out), batch_size=32, seed=17, transform=transform)
-        with pytest.raises(CorruptShardError) as info:
-            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+        with pytest.raises(CorruptShardError) as info, dataloader_iterator(loader) as items:
+            list(items)
         errors.append(str(info.value).splitlines()[-1])
     assert errors[0] == errors[1] and f"sample {key!r}" in errors[0] and said in errors[0]
 

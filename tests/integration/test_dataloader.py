@@ -22,7 +22,7 @@ from shardprep.errors import ChecksumMismatchError, ManifestError
 from shardprep.manifest import read_manifest
 from shardprep.shardformat import decode_index
 from tests.conftest import payload
-from tests.processes import run_bounded
+from tests.processes import dataloader_iterator, run_bounded
 
 
 def keys_of(batch: list[dict[str, Any]]) -> list[str]:
@@ -167,8 +167,11 @@ def test_double_batching_is_refused_whatever_the_collate_fn(
         make = torch.utils.data.DataLoader
     ds = ShardDataset(str(built), batch_size=8)
     loader = make(ds, batch_size=4, collate_fn=lambda items: items, num_workers=num_workers)
-    with pytest.raises(TypeError, match=r"it would batch batches.*batch_size=None"):
-        next(iter(loader))
+    with (
+        pytest.raises(TypeError, match=r"it would batch batches.*batch_size=None"),
+        dataloader_iterator(loader) as items,
+    ):
+        next(items)
 
 
 def test_sample_mode_has_no_len_that_could_lie(built: Path) -> None:
