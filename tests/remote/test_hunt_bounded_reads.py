@@ -15,6 +15,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,30 @@ def url(s3: S3Server, bucket: str, built: Path) -> str:
     return f"s3://{bucket}/out"
 
 
+def _outcome(action: Callable[[], Any], bound: float, proxy: ShardProxy) -> dict[str, Any]:
+    """Run ``action`` in a thread, at most ``bound + 30`` s; what it returned or raised, and
+    how long it took. The proxy is stopped whatever happens (a hung read then fails)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            outcome["value"] = action()
+        except BaseException as err:  # judged by the test, in its own thread
+            outcome["error"] = err
+        outcome["seconds"] = time.monotonic() - started
+
+    reader = threading.Thread(target=run, daemon=True)
+    try:
+        reader.start()
+        reader.join(bound + 30)
+        assert not reader.is_alive(), f"the read still waits after {bound + 30:.0f} s"
+    finally:
+        proxy.stop()
+        reader.join(30)
+    return outcome
+
+
 @pytest.mark.parametrize("mode", ["trickle", "silent"])
 @pytest.mark.parametrize("path", ["no_read_ahead", "verify"])
 def test_reads_outside_the_read_ahead_are_bounded_retried_and_name_the_shard(
@@ -123,24 +148,7 @@ def test_reads_outside_the_read_ahead_are_bounded_retried_and_name_the_shard(
     read = ReadOptions(remote=options, verify=path == "verify")
     largest = max(p.stat().st_size for p in built.glob("shard-*.tar"))
     bound = worst_case_s(options, largest) + 5  # + the manifest, indexes, slack
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        started = time.monotonic()
-        try:
-            outcome["samples"] = sum(1 for _ in ShardDataset(url, read=read))
-        except BaseException as err:  # judged below, in the test's thread
-            outcome["error"] = err
-        outcome["seconds"] = time.monotonic() - started
-
-    reader = threading.Thread(target=run, daemon=True)
-    try:
-        reader.start()
-        reader.join(bound + 30)
-        assert not reader.is_alive(), f"the read still waits after {bound + 30:.0f} s"
-    finally:
-        proxy.stop()  # a hung read (before the fix) fails on its closed connection
-        reader.join(30)
+    outcome = _outcome(lambda: sum(1 for _ in ShardDataset(url, read=read)), bound, proxy)
     err = outcome.get("error")
     assert isinstance(err, UnreachableError), outcome
     assert str(err).startswith(f"{url}/shard-0000")
@@ -164,24 +172,7 @@ def test_a_trickled_manifest_is_cut_by_the_deadline_of_one_request(
         request_bytes=64 << 10,
     )
     bound = worst_case_s(options, options.request_bytes) + 3
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        started = time.monotonic()
-        try:
-            ShardDataset(url, read=ReadOptions(remote=options))
-        except BaseException as err:  # judged below, in the test's thread
-            outcome["error"] = err
-        outcome["seconds"] = time.monotonic() - started
-
-    reader = threading.Thread(target=run, daemon=True)
-    try:
-        reader.start()
-        reader.join(bound + 30)
-        assert not reader.is_alive(), f"the manifest read still waits after {bound + 30:.0f} s"
-    finally:
-        proxy.stop()
-        reader.join(30)
+    outcome = _outcome(lambda: ShardDataset(url, read=ReadOptions(remote=options)), bound, proxy)
     err = outcome.get("error")
     assert isinstance(err, UnreachableError), outcome
     assert str(err).startswith(f"{url}/manifest.json: could not reach the server: 3 attempts")
