@@ -39,7 +39,7 @@ from torch.utils.data._utils.collate import default_collate
 from loader.arena import Arena
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples
 from loader.read import Chunk
-from shardprep.shardformat import payload_checksum
+from shardprep.format.shardformat import payload_checksum
 
 __all__ = ["Carried", "Recycler", "Window", "assemble_batches"]
 

@@ -79,8 +79,8 @@ from loader.cachedir import (
     own_entries,
     own_parts,
 )
-from shardprep.errors import ChecksumMismatchError
-from shardprep.manifest import Manifest, ShardEntry
+from shardprep.format.errors import ChecksumMismatchError
+from shardprep.format.manifest import Manifest, ShardEntry
 
 if TYPE_CHECKING:
     from loader.source import Source

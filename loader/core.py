@@ -32,9 +32,9 @@ import numpy.typing as npt
 
 from loader.decode import make_decoder
 from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
-from loader.npbatch import collate_numpy
 from loader.options import ReadOptions
 from loader.order import SampleRange, epoch_order
+from loader.output import NumpyOutput, Output
 from loader.partition import (
     Uneven,
     batch_slot_counts,
@@ -50,13 +50,9 @@ from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
 from loader.state import STATE_VERSION
 from loader.world import World
-from shardprep.shardformat import ShardIndex
+from shardprep.format.shardformat import ShardIndex
 
 __all__ = ["ShardStream"]
-
-Collate = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Any]
-# windows (``shuffle.shuffled_windows``), batch size, positions → batches, skipping sample dicts
-Gather = Callable[[Iterator[Any], int, Iterator[dict[str, Any]]], Iterator[Any]]
 
 
 class ShardStream:
@@ -66,14 +62,13 @@ class ShardStream:
     and world size, which ``iterate`` takes explicitly. With ``batch_size``,
     ``iterate`` yields batches: dicts of NumPy arrays (``loader.npbatch``);
     otherwise sample dicts (``{ext: bytes}`` plus ``__key__``, or decoded values).
+    ``output`` (``loader.output``) changes the array type: the torch layer
+    gives one that makes torch batches and image tensors.
 
     The order is a pure function of (manifest, seed, epoch, world size,
     workers, batch size): every process computing a share of the same epoch
     agrees on the whole split without talking to the others.
     """
-
-    collate: Collate = staticmethod(collate_numpy)  # how samples become a batch
-    gather: Gather | None = None  # how raw windows become batches directly, where a layer can
 
     def __init__(
         self,
@@ -93,6 +88,7 @@ class ShardStream:
         read: ReadOptions | None = None,
         class_weights: str | None = None,
         resample: bool = True,
+        output: Output | None = None,
     ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be non-negative, not {seed}")
@@ -103,6 +99,7 @@ class ShardStream:
         if drop_last and batch_size is None:
             raise ValueError("drop_last needs a batch_size")
         self.read = read or ReadOptions()
+        self.output: Output = output or NumpyOutput()
         self.source = Source(path, self.read.remote)
         self.manifest = self.source.manifest()
         self.batch_size, self.drop_last = batch_size, drop_last
@@ -212,12 +209,12 @@ class ShardStream:
         the rest those passes left, re-split over ``world``.
         """
         batch = self.batch_size
-        decoder = make_decoder(self.decode, self.allow_pickle)
+        decoder = make_decoder(self.decode, self.allow_pickle, self.output.image)
         policy = ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors)
         # batches gathered straight from the windows, with no per-sample dict (the torch layer)
         gather = (
             batch is not None
-            and self.gather is not None
+            and self.output.gathers
             and decoder is None
             and self.transform is None
             and not policy.skip
@@ -259,7 +256,7 @@ class ShardStream:
             )
             if gather:
                 # → whole batches, gathered from the windows' buffers
-                yield from self.gather(windows, batch, positions)  # type: ignore[arg-type, misc]
+                yield from self.output.gather(windows, batch, positions)  # type: ignore[arg-type]
                 return
             # → raw samples, one dict each
             samples = sample_stream(windows, policy)
@@ -276,7 +273,7 @@ class ShardStream:
                 chunk = list(islice(samples, batch))
                 if not chunk:
                     return
-                yield self.collate(chunk, at)
+                yield self.output.collate(chunk, at)
         finally:
             reader.close()
 

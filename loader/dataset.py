@@ -10,17 +10,13 @@ starts (``loader.world``), never earlier.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from loader.arena import RINGS, Arena
-from loader.assemble import Recycler, assemble_batches
-from loader.batch import Batch, collate_samples
 from loader.core import ShardStream
 from loader.options import ReadOptions
 from loader.torchlayer import TorchLayer
-from loader.world import worker_info
+from loader.torchoutput import TorchOutput
 
 __all__ = ["ShardDataset"]
 
@@ -75,27 +71,6 @@ class ShardDataset(ShardStream, TorchLayer):
             carries ``"__weight__"`` (target share / actual share of its class).
     """
 
-    collate = staticmethod(collate_samples)  # batches of torch tensors (loader.batch)
-
-    def gather(
-        self, windows: Iterator[Any], batch_size: int, positions: Iterator[dict[str, Any]]
-    ) -> Iterator[Batch]:
-        """Batches gathered straight from the read windows (``loader.assemble``); in a
-        DataLoader worker, large payloads go through the worker's ring (``loader.arena``)."""
-        if worker_info() is None:  # the main process: large payloads in reused buffers
-            recycler = self.__dict__.get("_recycler") or Recycler()
-            self._recycler = recycler
-            return assemble_batches(windows, batch_size, positions, None, recycler)
-        arena = self._arena() if RINGS else None
-        return assemble_batches(windows, batch_size, positions, arena)
-
-    def _arena(self) -> Arena:
-        """This worker process's shared-memory ring for batch payloads (made once, kept)."""
-        arena: Arena | None = self.__dict__.get("_worker_arena")
-        if arena is None or arena.owner != os.getpid():
-            arena = self._worker_arena = Arena()
-        return arena
-
     def __init__(
         self,
         path: str,
@@ -134,6 +109,7 @@ class ShardDataset(ShardStream, TorchLayer):
             read=read,
             class_weights=class_weights,
             resample=resample,
+            output=TorchOutput(),
         )
         TorchLayer.__init__(self, rank, world_size)
         if rank is not None and world_size is not None:

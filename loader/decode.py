@@ -28,13 +28,12 @@ def _npy(data: bytes) -> Any:
 
 
 def _image(data: bytes) -> Any:
-    """A uint8 tensor of shape (channels, height, width), as torchvision's ``decode_image``."""
+    """A uint8 array of shape (channels, height, width), as torchvision's ``decode_image`` lays it out."""
     try:
         from PIL import Image
     except ImportError as err:
         raise ImportError("decoding images needs Pillow: pip install pillow") from err
     import numpy as np
-    import torch
 
     with Image.open(io.BytesIO(data)) as image:
         if image.mode in ("1", "P", "CMYK", "YCbCr", "LAB", "HSV"):
@@ -46,7 +45,7 @@ def _image(data: bytes) -> Any:
         pixels = np.array(image)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
-    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
 def _pickle(data: bytes) -> Any:
@@ -61,8 +60,14 @@ def _torch(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def default_decoders() -> dict[str, Callable[[bytes], Any]]:
-    """Built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→uint8 CHW tensor."""
+def default_decoders(
+    image: Callable[[Any], Any] | None = None,
+) -> dict[str, Callable[[bytes], Any]]:
+    """Built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→uint8 CHW.
+
+    Images are NumPy arrays, or ``image(array)`` when given (the torch layer
+    makes tensors of them: ``loader.output.Output.image``).
+    """
     decoders: dict[str, Callable[[bytes], Any]] = {
         "cls": lambda b: int(b),
         "txt": lambda b: b.decode("utf-8"),
@@ -70,20 +75,26 @@ def default_decoders() -> dict[str, Callable[[bytes], Any]]:
         "npy": _npy,
         "weight": lambda b: float(b),
     }
-    decoders.update(dict.fromkeys(IMAGE_EXTS, _image))
+    if image is None:
+        decoders.update(dict.fromkeys(IMAGE_EXTS, _image))
+    else:
+        decoders.update(dict.fromkeys(IMAGE_EXTS, lambda b: image(_image(b))))
     return decoders
 
 
 def make_decoder(
-    decode: bool | Mapping[str, Callable[[bytes], Any]], allow_pickle: bool = False
+    decode: bool | Mapping[str, Callable[[bytes], Any]],
+    allow_pickle: bool = False,
+    image: Callable[[Any], Any] | None = None,
 ) -> Decoder | None:
     """A function decoding a sample dict in place of raw bytes, or None for raw bytes.
 
-    Matching uses the last part of the extension (``seg.png`` decodes as ``png``).
+    Matching uses the last part of the extension (``seg.png`` decodes as ``png``);
+    ``image`` converts a decoded image array (see ``default_decoders``).
     """
     if decode is False:
         return None
-    table = default_decoders()
+    table = default_decoders(image)
     if allow_pickle:
         table.update(
             {"pickle": _pickle, "pkl": _pickle, "pyd": _pickle, "pth": _torch, "pt": _torch}

@@ -1,4 +1,4 @@
-"""Errors raised while streaming shards; all subclass ``shardprep.errors.LoaderError``.
+"""Errors raised while streaming shards; all subclass ``shardprep.format.errors.LoaderError``.
 
 ::
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardprep.errors import LoaderError
+from shardprep.format.errors import LoaderError
 
 __all__ = [
     "CorruptShardError",

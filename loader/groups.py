@@ -28,7 +28,7 @@ from loader.core import ShardStream
 from loader.elastic import Pass
 from loader.errors import WorldMismatchError
 from loader.mix import MixedStream, _refuse_elastic
-from loader.npbatch import collate_numpy
+from loader.output import Output
 from loader.state import STATE_VERSION
 from loader.world import World
 
@@ -50,8 +50,6 @@ def group_of(rank: int, groups: Sequence[Sequence[int]]) -> tuple[int, int, int]
 class GroupedStream:
     """Each group of ranks reads its own dataset; all ranks take ``steps`` batches per epoch."""
 
-    collate = staticmethod(collate_numpy)
-
     def __init__(
         self,
         groups: Sequence[tuple[str | ShardStream, Sequence[int]]],
@@ -59,6 +57,7 @@ class GroupedStream:
         batch_size: int,
         steps_per_epoch: int | None = None,
         seed: int = 0,
+        output: Output | None = None,
     ) -> None:
         ranks = [r for _, members in groups for r in members]
         if not groups or sorted(ranks) != list(range(len(ranks))):
@@ -88,6 +87,7 @@ class GroupedStream:
                 batch_size=batch_size,
                 samples_per_epoch=self.steps * batch_size * len(members),
                 seed=seed,
+                output=output,
             )
             for source, members in zip(sources, self.ranks, strict=True)
         ]
@@ -131,9 +131,9 @@ class GroupedStream:
         _refuse_elastic(history)
         self._check(world.world_size)
         g, rank, size = group_of(world.rank, self.ranks)
-        stream = self.streams[g]
-        stream.collate = self.collate  # batches of this object's kind (NumPy, or torch)
-        return stream.items(epoch, World(rank, size, world.worker, world.num_workers), skip)
+        return self.streams[g].items(
+            epoch, World(rank, size, world.worker, world.num_workers), skip
+        )
 
     def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
         return {

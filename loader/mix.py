@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -70,13 +70,13 @@ from loader.core import ShardStream
 from loader.decode import make_decoder
 from loader.elastic import Pass
 from loader.errors import IncompatibleStateError
-from loader.npbatch import collate_numpy
 from loader.order import SampleRange
+from loader.output import NumpyOutput, Output
 from loader.read import ShardReader
 from loader.state import STATE_VERSION
 from loader.world import World
-from shardprep.rng import derive_rng
-from shardprep.weighting import apportion
+from shardprep.format.classweights import apportion
+from shardprep.format.rng import derive_rng
 
 __all__ = [
     "BATCHINGS",
@@ -97,8 +97,6 @@ SOURCE = "__source__"  # the index of the source a sample came from, in every sa
 MAX_SAMPLES_PER_EPOCH = 2**53  # float64 integers are exact up to here (the apportionment)
 MIX_PLAN_VERSION = 2  # 2: "mixed" batches in the affine order (1: a stored seeded permutation)
 _GOLDEN = (math.sqrt(5) - 1) / 2
-
-Collate = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Any]
 
 
 def source_counts(total: int, weights: Sequence[float], world_size: int) -> list[int]:
@@ -345,8 +343,6 @@ class MixedStream:
             message names it), weights all zero, or another bad argument.
     """
 
-    collate: Collate = staticmethod(collate_numpy)
-
     def __init__(
         self,
         sources: Sequence[str | ShardStream],
@@ -357,6 +353,7 @@ class MixedStream:
         batching: str = "mixed",
         drop_last: bool = False,
         seed: int = 0,
+        output: Output | None = None,
     ) -> None:
         if not sources or len(weights) != len(sources):
             raise ValueError(f"give one weight per source: {len(sources)} sources, {len(weights)}")
@@ -375,6 +372,7 @@ class MixedStream:
                 raise ValueError(f"source {i} ({source.source}) has no samples but weight > 0")
         self.batch_size, self.drop_last, self.seed = batch_size, drop_last, seed
         self.batching = batching
+        self.output: Output = output or NumpyOutput()
         totals = [s.total for s in self.sources]
         self.samples_per_epoch = _check_samples(
             sum(totals) if samples_per_epoch is None else samples_per_epoch
@@ -439,7 +437,7 @@ class MixedStream:
             for s, m in zip(self.sources, counts, strict=True)
         ]
         readers = [_LapReader(s) for s in self.sources]
-        decoders = [make_decoder(s.decode, s.allow_pickle) for s in self.sources]
+        decoders = [make_decoder(s.decode, s.allow_pickle, self.output.image) for s in self.sources]
         first = world.worker + skip * world.num_workers
         try:
             for j, row, starts in plan.batches(first, world.num_workers):
@@ -460,7 +458,7 @@ class MixedStream:
                     len(samples)
                 )
                 position = {"epoch": epoch, "batch": j, "num_workers": world.num_workers}
-                yield self.collate([samples[k] for k in order], position)
+                yield self.output.collate([samples[k] for k in order], position)
         finally:
             for reader in readers:
                 reader.close()

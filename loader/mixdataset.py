@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loader.batch import collate_samples
 from loader.core import ShardStream
 from loader.groups import GroupedStream
 from loader.mix import MixedStream
 from loader.torchlayer import TorchLayer
+from loader.torchoutput import TorchOutput
 
 __all__ = ["GroupedDataset", "MixedDataset"]
 
@@ -22,7 +22,6 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
     sample carries ``__source__``, the index of its source.
     """
 
-    collate = staticmethod(collate_samples)
     elastic = False
 
     def __init__(
@@ -47,6 +46,7 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
             batching=batching,
             drop_last=drop_last,
             seed=seed,
+            output=TorchOutput(),
         )
         TorchLayer.__init__(self, rank, world_size)
 
@@ -54,7 +54,6 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
 class GroupedDataset(GroupedStream, TorchLayer):  # type: ignore[misc]
     """Each group of ranks reads its own output, with equal steps on every rank (``loader.groups``)."""
 
-    collate = staticmethod(collate_samples)
     elastic = False
 
     def __init__(
@@ -68,6 +67,11 @@ class GroupedDataset(GroupedStream, TorchLayer):  # type: ignore[misc]
         world_size: int | None = None,
     ) -> None:
         GroupedStream.__init__(
-            self, groups, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed
+            self,
+            groups,
+            batch_size=batch_size,
+            steps_per_epoch=steps_per_epoch,
+            seed=seed,
+            output=TorchOutput(),
         )
         TorchLayer.__init__(self, rank, world_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardprep.rng import derive_rng
+from shardprep.format.rng import derive_rng
 
 __all__ = ["SampleRange", "epoch_order"]
 

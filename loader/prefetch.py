@@ -42,7 +42,7 @@ from loader.order import SampleRange
 from loader.read import ShardReader
 from loader.shuffle import plan_windows
 from loader.source import RemoteOptions, Source, worst_case_s
-from shardprep.manifest import Manifest
+from shardprep.format.manifest import Manifest
 
 __all__ = ["Group", "Read", "ReadAhead", "attach_read_ahead", "plan_groups", "planned_reads"]
 

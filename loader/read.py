@@ -7,7 +7,7 @@ buffer. One ``ShardReader`` lives in each worker; it keeps one shard file open
 and the indexes of the shards it is reading.
 
 Nothing is trusted unchecked: an index must match its manifest entry (sha256,
-then ``shardprep.integrity.check_index``) before it is used, every read is
+then ``shardprep.format.integrity.check_index``) before it is used, every read is
 bounded by the index and the file's size, a zstd frame is decompressed only
 to the span its index gives it, and each sample's checksum is compared when
 the sample is handed out (``Chunk.sample``). The tar headers between the members
@@ -34,8 +34,8 @@ import numpy.typing as npt
 from loader.errors import CorruptShardError, UnreachableError
 from loader.order import SampleRange
 from loader.source import Source
-from shardprep.errors import ChecksumMismatchError, ManifestError
-from shardprep.integrity import (
+from shardprep.format.errors import ChecksumMismatchError, ManifestError
+from shardprep.format.integrity import (
     FrameError,
     check_index,
     damage_of,
@@ -44,8 +44,8 @@ from shardprep.integrity import (
     first_damaged_sample,
     salvage_frame,
 )
-from shardprep.manifest import Manifest
-from shardprep.shardformat import (
+from shardprep.format.manifest import Manifest
+from shardprep.format.shardformat import (
     ShardIndex,
     decode_index,
     mismatched,
@@ -594,7 +594,7 @@ class ShardReader:
 
         Indexes are cached up to INDEX_CACHE_BYTES (least recently used out;
         all the indexes of about 190k samples of two members). Each read is bounded by the manifest's ``index_bytes`` and checked
-        against its sha256 and, with ``shardprep.integrity.check_index``,
+        against its sha256 and, with ``shardprep.format.integrity.check_index``,
         against the manifest entry and the tar layout.
 
         Raises:

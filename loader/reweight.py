@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.rng import derive_rng
-from shardprep.weighting import apportion, parse_class_weights
+from shardprep.format.classweights import apportion, parse_class_weights
+from shardprep.format.rng import derive_rng
 
 __all__ = ["Reweighting"]
 

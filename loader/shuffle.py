@@ -21,7 +21,7 @@ import numpy.typing as npt
 from loader.errors import CorruptShardError
 from loader.order import SampleRange
 from loader.read import Chunk, ShardReader
-from shardprep.rng import derive_rng
+from shardprep.format.rng import derive_rng
 
 Sizes = Sequence[int] | npt.NDArray[np.int64]  # bytes per sample of a range
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
 from loader.errors import UnreachableError
-from shardprep.errors import ManifestError
-from shardprep.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from shardprep.shardformat import MANIFEST_NAME
+from shardprep.format.errors import ManifestError
+from shardprep.format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from shardprep.format.shardformat import MANIFEST_NAME
+from shardprep.format.storage_options import merge_options
 
 __all__ = ["RemoteOptions", "Source", "attempt_deadline_s", "is_transient", "worst_case_s"]
 
@@ -134,8 +135,8 @@ class Source:
         protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
         options = self._default_options()
         for p in protocols:
-            options = _merged(options, fsspec.config.conf.get(p, {}))
-        return cls(**_merged(options, self.options.storage_options))
+            options = merge_options(options, fsspec.config.conf.get(p, {}))
+        return cls(**merge_options(options, self.options.storage_options))
 
     def _default_options(self) -> dict[str, Any]:
         connect, read = self.options.connect_timeout_s, self.options.read_timeout_s
@@ -354,18 +355,6 @@ def worst_case_s(options: RemoteOptions, size: int = 0) -> float:
     """
     backoff = sum(BACKOFF_S * 2.0**attempt for attempt in range(RETRIES - 1))
     return RETRIES * (attempt_deadline_s(options, size) + CLIENT_PAUSE_S) + backoff
-
-
-def _merged(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` over ``defaults``, one level deep where both values are mappings."""
-    merged = dict(defaults)
-    for key, value in options.items():
-        base = merged.get(key)
-        if isinstance(base, Mapping) and isinstance(value, Mapping):
-            merged[key] = {**base, **value}
-        else:
-            merged[key] = value
-    return merged
 
 
 def _one_try_s3(cls: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from shardprep.errors import BuildInterrupted, PlanError, ShardprepError, is_interrupt
+from shardprep.format.errors import BuildInterrupted, PlanError, ShardprepError, is_interrupt
 
 __all__ = ["main"]
 
@@ -166,7 +166,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     or a folder of existing .tar shards. OUT is a folder or an fsspec URL
     (s3://bucket/prefix, gs://..., ...).
     """
-    from shardprep.build import build as run_build
+    from shardprep.builder import build as run_build
 
     progress = not (quiet or as_json)
     summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)

@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
 
 __all__ = ["BuildConfig", "default_workers"]
 

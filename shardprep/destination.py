@@ -38,11 +38,11 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from shardprep.config import BuildConfig
-from shardprep.errors import InputError, OutputError
-from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
+from shardprep.format.errors import InputError, OutputError
+from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
+from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
-from shardprep.shardformat import MANIFEST_NAME, index_name, shard_name
 from shardprep.storage import describe_error, is_url, local_path, open_url
 from shardprep.write import ShardRecord, record_from_index
 
@@ -71,7 +71,7 @@ RESUME_ADVICE = (
 
 
 class Destination(Protocol):
-    """Where a build writes, in the order :func:`shardprep.build.build` calls it."""
+    """Where a build writes, in the order :func:`shardprep.builder.build` calls it."""
 
     out: str  # OUT as the user gave it
     staging: str  # the local folder the writers write shard files into (set by prepare)

@@ -20,8 +20,8 @@ import zlib
 
 import numpy as np
 
-from shardprep.errors import InputError
-from shardprep.rng import derive_rng
+from shardprep.format.errors import InputError
+from shardprep.format.rng import derive_rng
 
 __all__ = ["IMAGE_SIZE", "class_sizes", "encode_png", "write_example"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardprep.errors import InputError
-from shardprep.manifest import read_manifest
+from shardprep.format.errors import InputError
+from shardprep.format.manifest import read_manifest
 
 __all__ = ["format_inspection", "inspection", "plot_histograms"]
 

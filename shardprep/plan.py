@@ -31,8 +31,8 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.errors import PlanError
-from shardprep.rng import derive_rng
+from shardprep.format.errors import PlanError
+from shardprep.format.rng import derive_rng
 
 __all__ = ["plan_shards", "remainder_targets", "separate_copies", "shuffle_apart"]
 

@@ -39,10 +39,10 @@ from typing import BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
+from shardprep.format.rng import derive_rng
 from shardprep.inventory import Inventory, InventoryView
 from shardprep.plan import remainder_targets, separate_copies, shuffle_apart
-from shardprep.rng import derive_rng
 from shardprep.weighting import Selection
 
 __all__ = ["PlanInput", "PlanLimits", "PlannedShards", "plan_input_to_files", "plan_to_files"]

@@ -6,7 +6,7 @@ is, the damage would reach the manifest as the shard's sha256 and be noticed onl
 reader. No sha256 of a finished shard is recorded before the manifest, so the check is
 against its index, which the writer made from the same bytes:
 
-- the index decodes and describes the writer's layout (:func:`shardprep.integrity.check_index`);
+- the index decodes and describes the writer's layout (:func:`shardprep.format.integrity.check_index`);
 - the file has the size the index implies;
 - every member's tar header is the one the writer makes for its key, extension and size,
   its data checksum in the index matches (and, for a version 3 index, each sample's checksum
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from shardprep.errors import ManifestError
-from shardprep.integrity import FrameError, check_index, decompress_frame
-from shardprep.manifest import ShardEntry
-from shardprep.shardformat import (
+from shardprep.format.errors import ManifestError
+from shardprep.format.integrity import FrameError, check_index, decompress_frame
+from shardprep.format.manifest import ShardEntry
+from shardprep.format.shardformat import (
     EOF_MARKER,
     ShardIndex,
     decode_index,

@@ -28,7 +28,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from shardprep.errors import OutputError
+from shardprep.format.errors import OutputError
+from shardprep.format.storage_options import merge_options
 
 __all__ = ["S3_DEFAULTS", "describe_error", "is_url", "local_path", "open_url"]
 
@@ -56,18 +57,6 @@ def local_path(path: str) -> str:
 def _protocol(url: str) -> str:
     """The innermost protocol of ``url`` (``s3`` for ``simplecache::s3://b/k``)."""
     return url.split("::")[-1].split("://", 1)[0]
-
-
-def _merged(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` over ``defaults``, one level deep for dict values."""
-    merged = dict(defaults)
-    for key, value in options.items():
-        base = merged.get(key)
-        if isinstance(base, dict) and isinstance(value, Mapping):
-            merged[key] = {**base, **value}
-        else:
-            merged[key] = value
-    return merged
 
 
 def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -105,7 +94,7 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tupl
     protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
     configured = {key for p in protocols for key in fsspec.config.conf.get(p, {})}
     defaults = {k: v for k, v in defaults.items() if k not in configured}
-    options = _merged(defaults, storage_options or {})
+    options = merge_options(defaults, storage_options or {})
     try:
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     except TypeError as err:  # an option the backend does not take

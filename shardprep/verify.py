@@ -6,7 +6,7 @@ Checks, per shard (``docs/cli.md`` lists them for users):
   to the folder, totals and class counts equal the sums over the shards);
 - the shard and index files exist, have the sizes and sha256 the manifest gives;
 - the index agrees with the manifest entry and describes the tar layout
-  exactly (``shardprep.integrity.check_index``);
+  exactly (``shardprep.format.integrity.check_index``);
 - every member's data matches its checksum in the index and (version 3) every
   sample's bytes (its tar headers, the padding between its members, its data)
   match the sample's checksum; for version 2 the headers are compared with the
@@ -32,16 +32,16 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from shardprep.errors import ManifestError
-from shardprep.integrity import (
+from shardprep.format.errors import ManifestError
+from shardprep.format.integrity import (
     FrameError,
     check_index,
     damaged_samples,
     decompress_frame,
     salvage_frame,
 )
-from shardprep.manifest import Manifest, ShardEntry, read_manifest
-from shardprep.shardformat import BLOCK, ShardIndex, decode_index
+from shardprep.format.manifest import Manifest, ShardEntry, read_manifest
+from shardprep.format.shardformat import BLOCK, ShardIndex, decode_index
 
 __all__ = ["VerifyReport", "verify_output"]
 

@@ -15,14 +15,12 @@ Without ``--class-weights`` every sample is selected once. With it:
 
 Copy 0 of a sample keeps its key; copy k > 0 is ``<key>-r<k>`` and the index
 records its copy number. Which samples are copied or dropped depends only on
-the seed. The spec syntax is parsed here too (``parse_class_weights``).
+the seed. The spec syntax is parsed by ``shardprep.format.classweights`` (the loader reads it too).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +29,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.config import BuildConfig
-from shardprep.errors import DuplicateKeyError, PlanError
+from shardprep.format.classweights import apportion, parse_class_weights
+from shardprep.format.errors import DuplicateKeyError, PlanError
+from shardprep.format.rng import derive_rng
 from shardprep.inventory import Inventory, InventoryView, SampleRef
-from shardprep.rng import derive_rng
 
 __all__ = ["Selection", "apportion", "class_targets", "parse_class_weights", "select_samples"]
 
@@ -116,101 +115,6 @@ class Selection:
     def manifest_section(self, inventory: InventoryView) -> dict[str, Any]:
         """Extra manifest fields (empty when nothing was reweighted)."""
         return {"class_weighting": self.section} if self.section else {}
-
-
-def parse_class_weights(
-    spec: str, class_names: tuple[str, ...], counts: list[int], allow_zero: bool = False
-) -> FloatArray:
-    """Target weight per class from ``balanced``, ``sqrt``, a JSON file, or ``cat=2,dog=1``.
-
-    Raises:
-        PlanError: fewer than two classes with samples, unknown class, negative or
-            all-zero weights, a file that is not a JSON mapping, or (inline) unnamed
-            classes without ``allow_zero``.
-    """
-    present = np.array(counts, dtype=np.float64) > 0
-    if present.sum() < 2:
-        held = ", ".join(repr(class_names[c]) for c in np.flatnonzero(present)) or "none"
-        raise PlanError(
-            f"class weights need at least two classes with samples, and this data has one "
-            f"({held}): weighting would change nothing; leave out the class weights"
-        )
-    if spec == "balanced":
-        weights = present.astype(np.float64)
-    elif spec == "sqrt":
-        weights = np.sqrt(np.array(counts, dtype=np.float64))
-    else:
-        mapping = _read_mapping(spec)
-        unknown = sorted(set(mapping) - set(class_names))
-        if unknown:
-            raise PlanError(
-                f"--class-weights names unknown class(es) {', '.join(map(repr, unknown))}; "
-                f"the classes are: {', '.join(class_names)}"
-            )
-        missing = [c for c in class_names if c not in mapping]
-        if missing and not allow_zero:
-            raise PlanError(
-                f"--class-weights gives no weight to {', '.join(map(repr, missing))}; name every "
-                "class, or pass --allow-zero-weights to give the others weight 0"
-            )
-        weights = np.array([mapping.get(c, 0.0) for c in class_names], dtype=np.float64)
-    if (weights < 0).any() or not np.isfinite(weights).all():
-        raise PlanError("--class-weights must be finite and non-negative")
-    if weights.sum() <= 0:
-        raise PlanError("--class-weights are all zero; give at least one class a positive weight")
-    empty = [class_names[c] for c in np.flatnonzero((weights > 0) & ~present)]
-    if empty:
-        raise PlanError(f"class(es) {', '.join(map(repr, empty))} have no samples to resample from")
-    normalised: FloatArray = weights / weights.sum()
-    return normalised
-
-
-def _read_mapping(spec: str) -> dict[str, float]:
-    if spec.endswith(".json") or os.path.isfile(spec):
-        try:
-            with open(spec, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
-            raise PlanError(f"--class-weights {spec}: cannot read a JSON file ({err})") from err
-        if not isinstance(data, dict):
-            raise PlanError(
-                f"--class-weights {spec}: must be a JSON object of class name to weight"
-            )
-        items: list[tuple[Any, Any]] = list(data.items())
-    else:
-        items = []
-        for part in spec.split(","):
-            name, eq, value = part.partition("=")
-            if not eq or not name.strip():
-                raise PlanError(
-                    f"--class-weights {spec!r}: expected 'balanced', 'sqrt', a .json file, "
-                    "or name=weight pairs such as 'cat=2,dog=1'"
-                )
-            items.append((name.strip(), value.strip()))
-    result: dict[str, float] = {}
-    for name, value in items:
-        if str(name) in result:
-            raise PlanError(f"--class-weights names class {name!r} twice")
-        if isinstance(value, bool):
-            raise PlanError(f"--class-weights: weight of {name!r} is not a number: {value!r}")
-        try:
-            result[str(name)] = float(value)
-        except (TypeError, ValueError) as err:
-            raise PlanError(
-                f"--class-weights: weight of {name!r} is not a number: {value!r}"
-            ) from err
-    return result
-
-
-def apportion(total: int, shares: FloatArray) -> IntArray:
-    """Integers summing to ``total``, proportional to ``shares`` (largest remainders, ties by index)."""
-    exact = np.asarray(shares, dtype=np.float64) * total
-    counts = np.floor(exact).astype(np.int64)
-    short = total - int(counts.sum())
-    if short:
-        order = np.lexsort((np.arange(len(exact)), -(exact - counts)))
-        counts[order[:short]] += 1
-    return counts
 
 
 def class_targets(

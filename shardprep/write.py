@@ -19,10 +19,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import xxhash
 
-from shardprep.errors import WriteError
-from shardprep.inventory import SampleRef
-from shardprep.remote_input import RemoteParts
-from shardprep.shardformat import (
+from shardprep.format.errors import WriteError
+from shardprep.format.shardformat import (
     BLOCK,
     EOF_MARKER,
     FRAME_BYTES,
@@ -34,6 +32,8 @@ from shardprep.shardformat import (
     shard_name,
     tar_header,
 )
+from shardprep.inventory import SampleRef
+from shardprep.remote_input import RemoteParts
 from shardprep.storage import is_url
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Engines: where the build's parallel stages run (scan tasks, shard writes).
 
-The build (``shardprep.build``) decides *what* to compute and in which order
+The build (``shardprep.builder``) decides *what* to compute and in which order
 results are combined; an engine decides only *where* the work runs. Two
 operations are enough for every stage:
 
@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 
 from shardprep.config import ENGINES
 from shardprep.engine.tasks import ShardTask, WriteContext
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
 from shardprep.write import ShardRecord
 
 __all__ = [

@@ -15,7 +15,7 @@ import errno
 import os
 import time
 
-from shardprep.errors import WriteError
+from shardprep.format.errors import WriteError
 from shardprep.inventory import SampleRef
 
 __all__ = ["TEST_FAULTS_ENV", "TransientWriteError", "check_test_faults", "classify"]

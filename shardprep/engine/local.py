@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.faults import check_test_faults
 from shardprep.engine.tasks import WriteContext
-from shardprep.errors import StalledError, stalled
+from shardprep.format.errors import StalledError, stalled
 from shardprep.storage import is_url
 from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord

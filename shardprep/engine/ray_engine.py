@@ -12,9 +12,9 @@ the end (a local instance it started is shut down).
 * Retries are Ray's own: ``max_retries`` for a lost worker or node, and
   ``retry_exceptions=[TransientWriteError]`` for I/O errors that may pass
   (see :mod:`shardprep.engine.faults`). Any other error fails the build with
-  the task's own :class:`~shardprep.errors.ShardprepError`. A task whose worker
+  the task's own :class:`~shardprep.format.errors.ShardprepError`. A task whose worker
   process died on every attempt (killed for memory, crashed) fails it with a
-  :class:`~shardprep.errors.WorkersDiedError` naming the shard or scan task.
+  :class:`~shardprep.format.errors.WorkersDiedError` naming the shard or scan task.
 * Ctrl-C or a failure cancels every pending task (``ray.cancel(force=True)``)
   and waits for them before the exception propagates.
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
 from shardprep.engine.tasks import ShardTask, WriteContext
-from shardprep.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
+from shardprep.format.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
 from shardprep.write import ShardRecord
 
 if TYPE_CHECKING:

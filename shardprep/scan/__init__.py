@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.errors import DuplicateKeyError, InputError
+from shardprep.format.errors import DuplicateKeyError, InputError
+from shardprep.format.shardformat import MANIFEST_NAME
 from shardprep.inventory import Inventory, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
@@ -24,7 +25,6 @@ from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, s
 from shardprep.scan.listing import scan_listing
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
-from shardprep.shardformat import MANIFEST_NAME
 
 __all__ = ["InputFormat", "detect_format", "scan"]
 

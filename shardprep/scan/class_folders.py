@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardprep.errors import InputError
+from shardprep.format.errors import InputError
 from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
 from shardprep.scan.walk import Problems, Tick, walk_files

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from itertools import groupby
 
-from shardprep.errors import InputError
+from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import split_name
 from shardprep.scan.labels import LabelTable

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shardprep.errors import InputError
+from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.remote_input import remote_sizes
 from shardprep.scan.class_folders import OrderedMap

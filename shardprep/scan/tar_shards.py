@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardprep.errors import InputError
+from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable

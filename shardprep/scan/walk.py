@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from shardprep.errors import InputError
+from shardprep.format.errors import InputError
 
 __all__ = ["FileEntry", "Problems", "walk_files"]
 

@@ -17,7 +17,7 @@ import shardprep
 from shardprep.engine import EngineOptions, open_engine
 from shardprep.engine.faults import HOLD_LIMIT_S, TEST_FAULTS_ENV, TransientWriteError, classify
 from shardprep.engine.local import LocalEngine
-from shardprep.errors import InputError, PlanError, StalledError, WriteError
+from shardprep.format.errors import InputError, PlanError, StalledError, WriteError
 from shardprep.inventory import PartRef, SampleRef
 from shardprep.scan import listing, scan
 from tests.conftest import write_class_folders
@@ -152,7 +152,7 @@ def test_a_listing_scanned_in_chunks_gives_the_same_inventory_and_errors(
 def test_ray_is_imported_only_by_a_ray_build() -> None:
     from tests.unit.test_layering import _imported_after
 
-    modules = ("shardprep.cli", "shardprep.build", "shardprep.engine.local")
+    modules = ("shardprep.cli", "shardprep.builder", "shardprep.engine.local")
     assert _imported_after((*modules, "shardprep.engine.ray_engine"), ("ray", "torch")) == []
 
 

@@ -23,7 +23,7 @@ import pytest
 
 import shardprep
 from shardprep.engine.faults import TEST_FAULTS_ENV
-from shardprep.errors import StalledError, WriteError
+from shardprep.format.errors import StalledError, WriteError
 from shardprep.scan import listing
 from tests.conftest import payload, write_class_folders
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import shardprep
 from shardprep.config import BuildConfig
 from shardprep.engine.local import LocalEngine
-from shardprep.errors import DuplicateKeyError, InputError
+from shardprep.format.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
 from shardprep.scan import check_unique_keys, scan
 from shardprep.scan.class_folders import _scan_class, scan_class_folders

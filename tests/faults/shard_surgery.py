@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from shardprep.manifest import read_manifest, write_manifest
-from shardprep.shardformat import ShardIndex, decode_index, encode_index
+from shardprep.format.manifest import read_manifest, write_manifest
+from shardprep.format.shardformat import ShardIndex, decode_index, encode_index
 
 
 def copy_output(built: Path, target: Path) -> Path:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 import shardprep
-from shardprep.errors import InputError, WriteError
+from shardprep.format.errors import InputError, WriteError
 from tests.conftest import write_class_folders
 from tests.faults.helpers import tree_hashes
 
-BUILD = importlib.import_module("shardprep.build")  # the module; shardprep.build is the function
+BUILD = importlib.import_module("shardprep.builder")
 
 
 def _grow_after_the_scan(monkeypatch: pytest.MonkeyPatch, path: Path) -> bytes:

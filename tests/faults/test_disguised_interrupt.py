@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardprep.errors import is_interrupt
+from shardprep.format.errors import is_interrupt
 from shardprep.spill import InventoryStore
 from tests.faults.helpers import invoke, tree_hashes, write
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from loader import ShardDataset
-from shardprep.errors import ManifestError
+from shardprep.format.errors import ManifestError
 from shardprep.verify import verify_output
 from tests.faults.helpers import error_lines, invoke, tree_hashes
 from tests.faults.shard_surgery import copy_output, edit_manifest_json, index_of

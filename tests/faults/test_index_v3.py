@@ -27,7 +27,7 @@ from loader import CorruptShardError, ShardDataset
 from loader.order import SampleRange
 from loader.read import ShardReader
 from loader.source import Source
-from shardprep.shardformat import (
+from shardprep.format.shardformat import (
     BLOCK,
     ShardIndex,
     encode_index,

@@ -16,7 +16,7 @@ import pytest
 
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from shardprep.manifest import read_manifest
+from shardprep.format.manifest import read_manifest
 from shardprep.verify import verify_output
 from tests.faults.shard_surgery import copy_output, index_of
 
@@ -235,7 +235,7 @@ def test_an_index_read_again_after_leaving_the_cache_is_checked_again(
     from loader.order import SampleRange
     from loader.read import ShardReader
     from loader.source import Source
-    from shardprep.errors import ChecksumMismatchError
+    from shardprep.format.errors import ChecksumMismatchError
 
     expected = [(s["__key__"], s["bin"]) for s in ShardDataset(str(built), seed=3)]
     monkeypatch.setattr(loader.read, "INDEX_CACHE_BYTES", 1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from loader import CorruptShardError, ShardDataset
-from shardprep.errors import ManifestError
+from shardprep.format.errors import ManifestError
 from shardprep.verify import verify_output
 from tests.faults.shard_surgery import copy_output, edit_manifest_json, index_of, rewrite_index
 

@@ -26,7 +26,7 @@ aiohttp = pytest.importorskip("aiohttp")
 from loader import RemoteOptions, ShardDataset, UnreachableError  # noqa: E402
 from loader import source as source_module  # noqa: E402
 from loader.source import Source  # noqa: E402
-from shardprep.errors import ManifestError  # noqa: E402
+from shardprep.format.errors import ManifestError  # noqa: E402
 
 TOTAL = 103  # conftest ``built``
 

@@ -21,8 +21,8 @@ import pytest
 import torch.utils.data
 
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from shardprep.integrity import _expected_headers, _ext_words, _key_words, damaged_headers
-from shardprep.shardformat import BLOCK, tar_header
+from shardprep.format.integrity import _expected_headers, _ext_words, _key_words, damaged_headers
+from shardprep.format.shardformat import BLOCK, tar_header
 from tests.faults.shard_surgery import copy_output, index_of
 from tests.processes import dataloader_iterator
 

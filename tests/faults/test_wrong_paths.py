@@ -8,7 +8,7 @@ import pytest
 
 from loader import ShardDataset
 from loader.core import ShardStream
-from shardprep.errors import ManifestError
+from shardprep.format.errors import ManifestError
 
 
 @pytest.mark.parametrize("make", [ShardDataset, ShardStream])

@@ -16,7 +16,7 @@ import torch
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
 from loader.batch import Packed
-from shardprep.shardformat import decode_index
+from shardprep.format.shardformat import decode_index
 
 
 def _same(ds_kwargs: dict[str, Any], out: Path, epochs: int = 2) -> int:

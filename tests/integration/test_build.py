@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 import shardprep
 from shardprep.cli import cli
-from shardprep.errors import InputError, PlanError
-from shardprep.shardformat import EOF_MARKER, decode_index
+from shardprep.format.errors import InputError, PlanError
+from shardprep.format.shardformat import EOF_MARKER, decode_index
 from tests.conftest import payload
 
 BUILT_CLASSES = [("a", 0, 60), ("b", 60, 90), ("c", 90, 103)]  # (name, first index, end)

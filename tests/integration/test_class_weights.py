@@ -26,9 +26,9 @@ from click.testing import CliRunner, Result
 import shardprep
 from loader import IncompatibleStateError, ShardDataset
 from shardprep.cli import cli
-from shardprep.errors import DuplicateKeyError, PlanError
-from shardprep.manifest import read_manifest
-from shardprep.shardformat import decode_index
+from shardprep.format.errors import DuplicateKeyError, PlanError
+from shardprep.format.manifest import read_manifest
+from shardprep.format.shardformat import decode_index
 from shardprep.verify import verify_output
 from shardprep.weighting import apportion
 from tests.conftest import payload

@@ -18,9 +18,9 @@ import torch.utils.data
 from loader import CorruptShardError, IncompatibleStateError, ReadOptions, ShardDataset
 from loader import read as read_module
 from loader.batch import Packed
-from shardprep.errors import ChecksumMismatchError, ManifestError
-from shardprep.manifest import read_manifest
-from shardprep.shardformat import decode_index
+from shardprep.format.errors import ChecksumMismatchError, ManifestError
+from shardprep.format.manifest import read_manifest
+from shardprep.format.shardformat import decode_index
 from tests.conftest import payload
 from tests.processes import dataloader_iterator, run_bounded
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import shardprep
-from shardprep.build import JOURNAL_NAME, _fingerprint
+from shardprep.builder import JOURNAL_NAME, _fingerprint
 from shardprep.config import BuildConfig
 from shardprep.destination import LocalDestination
-from shardprep.errors import InputError, ManifestError
+from shardprep.format.errors import InputError, ManifestError
 from shardprep.scan import scan
 from shardprep.weighting import select_samples
 from tests.conftest import payload

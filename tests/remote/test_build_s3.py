@@ -23,8 +23,8 @@ import pytest
 
 import shardprep
 import shardprep.destination as destination
-from shardprep.errors import InputError, OutputError
-from shardprep.manifest import JOURNAL_NAME
+from shardprep.format.errors import InputError, OutputError
+from shardprep.format.manifest import JOURNAL_NAME
 from shardprep.remote_input import RemoteParts, remote_sizes
 from tests.conftest import payload, write_class_folders
 from tests.processes import run_bounded

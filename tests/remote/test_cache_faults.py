@@ -26,7 +26,7 @@ from loader import source as source_module
 from loader.cache import ShardCache
 from loader.cachedir import CACHE_FOLDER, cache_bytes
 from loader.source import Source
-from shardprep.errors import ChecksumMismatchError
+from shardprep.format.errors import ChecksumMismatchError
 from tests.conftest import write_class_folders
 from tests.filesystems import tmpfs
 from tests.s3 import Proxy, S3Server

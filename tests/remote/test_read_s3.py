@@ -337,7 +337,7 @@ def test_a_cached_file_that_differs_from_the_manifest_is_refused(
 ) -> None:
     import fsspec
 
-    from shardprep.errors import ChecksumMismatchError
+    from shardprep.format.errors import ChecksumMismatchError
 
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
     bucket = uploaded["tar"][len("s3://") :]

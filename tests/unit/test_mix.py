@@ -21,8 +21,8 @@ from loader.mix import (
     per_source_batches,
     source_counts,
 )
-from shardprep.rng import derive_rng
-from shardprep.weighting import apportion
+from shardprep.format.classweights import apportion
+from shardprep.format.rng import derive_rng
 
 counts_st = st.lists(st.integers(0, 300), min_size=1, max_size=4)
 

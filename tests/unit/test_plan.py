@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
 from shardprep.plan import plan_shards
 from tests.strategies import (
     PlanCase,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
 from shardprep.inventory import Inventory, InventoryBuilder
 from shardprep.plan import plan_shards
 from shardprep.plan_store import PlanInput, PlanLimits, plan_input_to_files

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardprep.cli import _storage_options
+from shardprep.format.storage_options import merge_options
 from shardprep.remote_input import BATCH_BYTES, BATCH_PARTS, RemoteParts
-from shardprep.storage import S3_DEFAULTS, _merged, is_url, local_path
+from shardprep.storage import S3_DEFAULTS, is_url, local_path
 
 
 def test_urls_and_local_paths() -> None:
@@ -51,7 +52,7 @@ def test_storage_option_values_are_json_when_they_parse() -> None:
 
 
 def test_user_options_replace_defaults_one_key_deep() -> None:
-    merged = _merged(S3_DEFAULTS, {"config_kwargs": {"read_timeout": 120}, "anon": True})
+    merged = merge_options(S3_DEFAULTS, {"config_kwargs": {"read_timeout": 120}, "anon": True})
     assert merged == {
         "config_kwargs": {
             "connect_timeout": 5,
@@ -60,7 +61,7 @@ def test_user_options_replace_defaults_one_key_deep() -> None:
         },
         "anon": True,
     }
-    assert _merged(S3_DEFAULTS, {"config_kwargs": None}) == {"config_kwargs": None}
+    assert merge_options(S3_DEFAULTS, {"config_kwargs": None}) == {"config_kwargs": None}
 
 
 @given(st.lists(st.integers(0, 3 * BATCH_BYTES // 2), min_size=1, max_size=600))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shardprep
-from shardprep.errors import DuplicateKeyError, InputError
+from shardprep.format.errors import DuplicateKeyError, InputError
 from shardprep.inventory import Inventory
 from shardprep.scan import InputFormat, detect_format, scan, walk
 from tests.conftest import payload

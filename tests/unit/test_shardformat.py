@@ -11,8 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from shardprep.errors import ManifestError
-from shardprep.shardformat import (
+from shardprep.format.errors import ManifestError
+from shardprep.format.shardformat import (
     BLOCK,
     EOF_MARKER,
     INDEX_MAGIC,
@@ -343,7 +343,7 @@ def test_decode_rejects_corrupt_headers() -> None:
 
 def test_version_2_is_read_and_others_refused() -> None:
     """Version 2 (data-only checksums) is still read and says so; 1 and 4 are refused."""
-    from shardprep.errors import ManifestError
+    from shardprep.format.errors import ManifestError
 
     index = decode_index(encode_index(["jpg"], _arrays(False), version=2))
     assert index.version == 2
@@ -369,7 +369,7 @@ def test_a_version_2_index_has_no_sample_hash() -> None:
 
 def test_sample_ends_are_each_samples_last_data_end() -> None:
     """A sample's hashed bytes end where its last member's data ends (not its padding)."""
-    from shardprep.shardformat import sample_ends
+    from shardprep.format.shardformat import sample_ends
 
     v3 = decode_index(encode_index(["jpg", "cls", "seg.png"], _arrays(False)))
     assert sample_ends(v3, 0, 3).tolist() == [1537, 2860, 7169]

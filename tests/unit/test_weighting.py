@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from loader.reweight import Reweighting
 from shardprep.config import BuildConfig
-from shardprep.errors import PlanError
+from shardprep.format.errors import PlanError
 from shardprep.plan import plan_shards, shuffle_apart
 from shardprep.scan import InputFormat, scan
 from shardprep.weighting import apportion, class_targets, parse_class_weights, select_samples

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardprep.errors import ManifestError
-from shardprep.shardformat import BLOCK, EOF_MARKER, MANIFEST_NAME, index_name, shard_name
+from shardprep.format.errors import ManifestError
+from shardprep.format.shardformat import BLOCK, EOF_MARKER, MANIFEST_NAME, index_name, shard_name
 
 __all__ = [
     "MANIFEST_VERSION",

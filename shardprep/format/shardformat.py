@@ -335,7 +335,7 @@ def decode_index(data: bytes, path: str = "<index>") -> ShardIndex:
     Raises:
         ManifestError: the bytes are not a shardprep index of a known version.
     """
-    from shardprep.errors import ManifestError
+    from shardprep.format.errors import ManifestError
 
     if data[:8] != INDEX_MAGIC or len(data) < 16:
         raise ManifestError(f"{path}: not a shardprep index (bad magic); rebuild the shards", path)

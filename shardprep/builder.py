@@ -26,7 +26,7 @@ from tqdm import tqdm
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
-from shardprep.errors import (
+from shardprep.format.errors import (
     BuildInterrupted,
     InputError,
     OutputError,
@@ -34,8 +34,8 @@ from shardprep.errors import (
     WriteError,
     is_interrupt,
 )
+from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
-from shardprep.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.scratch import OwnedFolder, sweep_stale

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.errors import ManifestError
-from shardprep.manifest import ShardEntry
-from shardprep.shardformat import (
+from shardprep.format.errors import ManifestError
+from shardprep.format.manifest import ShardEntry
+from shardprep.format.shardformat import (
     BLOCK,
     EOF_MARKER,
     FRAME_BYTES,
