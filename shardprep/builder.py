@@ -90,13 +90,13 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             names the file or shard and what to do.
     """
     config = BuildConfig(**options)
-    _check_apart(raw, out)
     started = time.perf_counter()
     stage = _Stage.CHECK
     destination = open_destination(out, config)
     engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
     scratch: list[str] = []  # the scratch folder, once made
     try:
+        destination.check_apart(raw)
         destination.check()
         _check_engine_for(destination, config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
@@ -179,35 +179,10 @@ def _scratch_errors(work: str) -> Iterator[None]:
         ) from err
 
 
-def _check_apart(raw: str, out: str) -> None:
-    """Refuse an OUT folder inside RAW (the next build would read the shards as samples), the
-    same folder, or RAW inside OUT (``--overwrite`` would delete it).
-
-    Raises:
-        InputError: the two overlap, before anything is scanned or written.
-    """
-    if is_url(raw) or is_url(out):
-        return
-    real_raw, real_out = os.path.realpath(raw), os.path.realpath(out)
-    if real_out == real_raw or real_out.startswith(real_raw.rstrip(os.sep) + os.sep):
-        where = "is the input" if real_out == real_raw else f"is inside the input {raw}"
-        raise InputError(
-            f"{out}: the output folder {where} (the next build would read "
-            "its shards as samples); choose an output folder outside the input",
-            out,
-        )
-    if real_raw.startswith(real_out.rstrip(os.sep) + os.sep):
-        raise InputError(
-            f"{raw}: the input is inside the output folder {out} (--overwrite would delete "
-            "it); choose an output folder that does not hold the input",
-            raw,
-        )
-
-
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
     """Ray tasks on other nodes cannot write into this machine's staging folder."""
     remote_cluster = config.ray_address or os.environ.get("RAY_ADDRESS")
-    if config.engine == "ray" and is_url(destination.out) and remote_cluster:
+    if config.engine == "ray" and destination.stages_locally and remote_cluster:
         raise InputError(
             f"{destination.out}: --engine ray on a cluster cannot build into a URL yet (its "
             "tasks would write into this machine's staging folder): build into a folder every "

@@ -75,6 +75,10 @@ class Destination(Protocol):
 
     out: str  # OUT as the user gave it
     staging: str  # the local folder the writers write shard files into (set by prepare)
+    stages_locally: bool  # True: shards are written into a local folder, then uploaded to OUT
+
+    def check_apart(self, raw: str) -> None:
+        """Refuse an OUT that overlaps the input RAW, before anything is scanned or written."""
 
     def check(self) -> None:
         """Refuse an unusable OUT before any work (a file; non-empty without a flag)."""
@@ -156,10 +160,37 @@ def _check_journal(out: str, previous: object, record: dict[str, Any]) -> None:
 class LocalDestination:
     """A local folder: shards are written in place (see the module doc)."""
 
+    stages_locally = False
+
     def __init__(self, out: str, config: BuildConfig) -> None:
         self.out = out
         self.staging = out
         self._config = config
+
+    def check_apart(self, raw: str) -> None:
+        """Refuse OUT inside RAW (the next build would read the shards as samples), the same
+        folder, or RAW inside OUT (``--overwrite`` would delete it).
+
+        Raises:
+            InputError: the two overlap.
+        """
+        if is_url(raw):  # an input read through fsspec is not in any local folder
+            return
+        out = self.out
+        real_raw, real_out = os.path.realpath(raw), os.path.realpath(out)
+        if real_out == real_raw or real_out.startswith(real_raw.rstrip(os.sep) + os.sep):
+            where = "is the input" if real_out == real_raw else f"is inside the input {raw}"
+            raise InputError(
+                f"{out}: the output folder {where} (the next build would read "
+                "its shards as samples); choose an output folder outside the input",
+                out,
+            )
+        if real_raw.startswith(real_out.rstrip(os.sep) + os.sep):
+            raise InputError(
+                f"{raw}: the input is inside the output folder {out} (--overwrite would delete "
+                "it); choose an output folder that does not hold the input",
+                raw,
+            )
 
     def check(self) -> None:
         out, config = self.out, self._config
@@ -361,6 +392,8 @@ class _Uploads:
 class RemoteDestination:
     """An fsspec URL: shards are staged locally and uploaded (see the module doc)."""
 
+    stages_locally = True
+
     def __init__(self, out: str, config: BuildConfig) -> None:
         self.out = out
         self.staging = ""
@@ -464,6 +497,9 @@ class RemoteDestination:
             ) from err
 
     # --- the Destination seam ---------------------------------------------------------
+
+    def check_apart(self, raw: str) -> None:
+        return  # not compared: one store's objects can be named by several URLs
 
     def check(self) -> None:
         config = self._config

@@ -104,6 +104,21 @@ def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_ray_on_a_cluster_is_refused_for_a_url_out_only(tmp_path: Path) -> None:
+    """The destination says whether it stages shards locally: a cluster's tasks could not."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 2, "b": 1})
+    options = {"shards": 1, "engine": "ray", "ray_address": "127.0.0.1:1", "progress": False}
+    with pytest.raises(InputError) as caught:
+        shardprep.build(str(raw), "memory://sp-seam/out", **options)
+    assert str(caught.value).startswith(
+        "memory://sp-seam/out: --engine ray on a cluster cannot build into a URL yet"
+    )
+    # A folder (one every node shares) passes that check: the build goes on to the cluster.
+    with pytest.raises(PlanError, match="--ray-address|needs Ray"):
+        shardprep.build(str(raw), str(tmp_path / "out"), **options)
+    assert not (tmp_path / "out").exists()
+
+
 def _listing_with_problems(root: Path) -> Path:
     rows = ["path,label,note"]
     for i in range(23):
