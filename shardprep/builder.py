@@ -126,6 +126,7 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
             config.compression,
             config.zstd_level,
             config.storage_options,
+            config.map,  # --map: a transform.SampleMap, run in the write tasks
         )
         records, reused = _write_all(engine, context, destination, config)
         manifest = manifest_from_records(

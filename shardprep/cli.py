@@ -141,6 +141,14 @@ def cli() -> None:
     is_flag=True,
     help="Give classes not named in an inline --class-weights weight 0.",
 )
+@click.option(
+    "--map",
+    "map",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="Transform every sample while writing: FUNCTION(sample dict) -> sample dict, imported "
+    "from MODULE (the current folder is on the path); it must keep __key__ and cls.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a previous build in OUT.")
 @click.option(
     "--resume", is_flag=True, help="Finish an interrupted build in OUT, reusing finished shards."

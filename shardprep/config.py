@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardprep.format.errors import PlanError
+from shardprep.transform import load_map
 
 __all__ = ["BuildConfig", "default_workers"]
 
@@ -55,8 +56,11 @@ class BuildConfig:
     resume: bool = False
     progress: bool = True
     storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    # --map: "MODULE:FUNCTION" or a callable, made a transform.SampleMap (recorded by name)
+    map: Any = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "map", load_map(self.map))  # PlanError if it does not import
         if self.shards < 1:
             raise PlanError(f"--shards must be at least 1 (got {self.shards})")
         if self.seed < 0:
@@ -97,7 +101,10 @@ class BuildConfig:
             "progress",
             "storage_options",
         }
-        return {k: v for k, v in asdict(self).items() if k not in runtime}
+        options = {k: v for k, v in asdict(self).items() if k not in runtime and k != "map"}
+        if self.map is not None:  # absent without --map: manifests of plain builds unchanged
+            options["map"] = self.map.name
+        return options
 
     def num_workers(self) -> int:
         """Worker processes to use: never more than shards."""

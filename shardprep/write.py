@@ -35,6 +35,7 @@ from shardprep.format.shardformat import (
 from shardprep.inventory import SampleRef
 from shardprep.remote_input import RemoteParts
 from shardprep.storage import is_url
+from shardprep.transform import SampleMap, apply_map
 
 __all__ = [
     "FRAME_BYTES",
@@ -259,15 +260,19 @@ def write_shard(
     zstd_level: int = 3,
     progress: Callable[[int], None] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transform: SampleMap | None = None,
 ) -> ShardRecord:
     """Write ``samples`` in order as shard ``index`` in ``out_dir`` and return its record.
 
     ``progress(n)`` is called after every ``n`` samples written. Parts whose path is a URL
     are read through fsspec with ``storage_options`` (:mod:`shardprep.remote_input`).
+    ``transform`` (``--map``) turns each sample's members into those written
+    (:mod:`shardprep.transform`); sizes and checksums are those of the written members.
 
     Raises:
         WriteError: a source vanished, changed size or could not be read, or the
             disk is full; raised from the underlying error and naming the file.
+        MapError: ``transform`` raised or returned a sample that cannot be written.
     """
     final = os.path.join(out_dir, shard_name(index, compression))
     tmp = os.path.join(out_dir, f".{shard_name(index, compression)}.partial")
@@ -283,7 +288,10 @@ def write_shard(
             for sample in samples:
                 current = sample.source
                 key = sample.key.encode()
-                shard.add(key, _read_members(sample, reader), sample)
+                members = _read_members(sample, reader)
+                if transform is not None:
+                    members = apply_map(transform, sample.key, members, index, sample.source)
+                shard.add(key, members, sample)
                 if sample.label >= 0:
                     class_counts[sample.label] += 1
                 done += 1

@@ -21,6 +21,7 @@ import numpy as np
 
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.plan_store import PlannedShards
+from shardprep.transform import SampleMap
 from shardprep.weighting import Selection
 from shardprep.write import ShardRecord, write_shard
 
@@ -39,6 +40,7 @@ class ShardTask:
     compression: str
     zstd_level: int
     storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
+    transform: SampleMap | None = None  # --map: run on every sample before it is written
 
     def samples(self) -> list[SampleRef]:
         """The shard's samples in write order."""
@@ -55,6 +57,7 @@ class ShardTask:
             self.zstd_level,
             progress,
             self.storage_options,
+            self.transform,
         )
 
 
@@ -67,6 +70,7 @@ class WriteContext:
     compression: str
     zstd_level: int
     storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
+    transform: SampleMap | None = None  # --map (picklable: by name, else by value)
 
     @property
     def root(self) -> str:
@@ -96,6 +100,7 @@ class WriteContext:
             self.compression,
             self.zstd_level,
             self.storage_options,
+            self.transform,
         )
 
     def write(self, shard: int, progress: Any = None) -> ShardRecord:
