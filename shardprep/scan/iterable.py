@@ -1,0 +1,284 @@
+"""Spill a Python iterable of sample dicts to uncompressed tar files, checking every sample.
+
+A build from code (``shardprep.build(samples, OUT, shards=N)``) consumes its iterable once,
+here: each sample's members go to disk as they come (memory holds one sample at a time),
+as tar members ``<key>.<ext>`` plus a ``<key>.cls`` label, in a new tar file every
+``file_bytes`` bytes or ``file_samples`` samples. The build then reads those files as tar
+input (:mod:`shardprep.scan.tar_shards`), so planning and writing are the file build's.
+
+A sample is a mapping, as WebDataset's writer takes it:
+
+- ``"__key__"``: a str that is a valid key as it is (:func:`shardprep.keys.is_valid_key`);
+- ``"cls"`` (optional, on every sample or on none): an int class index (>= 0), or a str
+  class name; names are sorted and numbered as class folders are, unless every name is a
+  decimal integer (then that integer is the index, as in a listing or a tar's ``.cls``).
+  Ints and strs are not mixed;
+- every other key is a member's extension (``jpg``, ``seg.png``: ``[A-Za-z0-9_-]`` words
+  joined by dots) whose value is bytes (bytes, bytearray, memoryview), a str (written as
+  UTF-8) or a dict (written as JSON: sorted keys, no spaces, non-ASCII kept);
+- keys starting with ``__`` other than ``__key__`` (``__url__``) are ignored.
+
+Members are written in sorted extension order, so the bytes written depend only on the
+samples and their order, never on a dict's insertion order. Pure checks plus appends to
+files in ``folder``; the caller owns and removes the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from shardprep.format.errors import InputError
+from shardprep.format.shardformat import EOF_MARKER, padding, tar_header
+from shardprep.keys import is_valid_key
+
+__all__ = ["FILE_BYTES", "FILE_SAMPLES", "Spilled", "spill_samples"]
+
+FILE_BYTES = 256 << 20  # a new spill tar after this many bytes: the scan reads them in parallel
+FILE_SAMPLES = 100_000  # ... or after this many samples
+KEY_FIELD = "__key__"
+LABEL_FIELD = "cls"
+_EXT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """What was spilled: its folder, the tar files (in order) and totals for the summary."""
+
+    folder: str
+    files: tuple[str, ...]
+    num_samples: int
+    num_parts: int  # data members, labels not counted
+    num_bytes: int  # data bytes, labels not counted
+
+
+def spill_samples(
+    samples: Iterable[Any],
+    folder: str,
+    tick: Callable[[int], None] = lambda _n: None,
+    reserved: frozenset[str] = frozenset(),
+    file_bytes: int = FILE_BYTES,
+    file_samples: int = FILE_SAMPLES,
+) -> Spilled:
+    """Write every sample of ``samples`` into ``folder/iterable-NNNNN.tar``; ``tick(1)`` each.
+
+    ``reserved`` are extensions the build adds itself (``weight`` with --weights-only).
+    Duplicate keys are left to the scan's check (bounded memory, any number of samples).
+
+    Raises:
+        InputError: a sample is not a mapping, has no valid ``__key__``, no data member, a
+            bad extension, payload or ``cls``, or labels on some samples only; the message
+            names the sample's key (or its position when it has no usable key). Nothing
+            after that sample is read.
+        OSError: the folder's disk is full or unwritable (the caller turns it into advice).
+    """
+    spill = _SpillFiles(folder, file_bytes, file_samples)
+    labels = _LabelKind()
+    try:
+        for position, sample in enumerate(samples):
+            key, members, (label, is_int) = _check_sample(position, sample, reserved)
+            labels.check(key, label, is_int)
+            spill.add(key, members, label)
+            tick(1)
+    finally:
+        spill.close()
+    return Spilled(folder, tuple(spill.files), spill.samples, spill.parts, spill.data_bytes)
+
+
+def _check_sample(
+    position: int, sample: Any, reserved: frozenset[str]
+) -> tuple[str, list[tuple[str, bytes]], tuple[str | None, bool]]:
+    """(key, members sorted by extension, (label text or None, was an int)), or InputError."""
+    if not isinstance(sample, Mapping):
+        raise InputError(
+            f"sample #{position} (counting from 0) is a {type(sample).__name__}, not a dict: "
+            f"give each sample as a dict {{'{KEY_FIELD}': key, 'cls': label, ext: bytes}}"
+        )
+    key = sample.get(KEY_FIELD)
+    if key is None:
+        raise InputError(
+            f"sample #{position} (counting from 0) has no '{KEY_FIELD}': give every sample "
+            "a unique key of letters, digits, '_' and '-'"
+        )
+    if not isinstance(key, str) or not is_valid_key(key):
+        raise InputError(
+            f"sample #{position} (counting from 0): {KEY_FIELD} {key!r} is not a valid sample "
+            "key: use letters, digits, '_' and '-' only, not starting with '_' (WebDataset "
+            "splits member names at the first dot and treats a leading '_' as metadata)"
+        )
+    members = []
+    for field in sorted(str(f) for f in sample):
+        if field.startswith("__") or field == LABEL_FIELD:
+            continue  # __key__, and WebDataset's __url__ / __local_path__: not members
+        if not _EXT.fullmatch(field):
+            raise InputError(
+                f"sample {key!r}: {field!r} is not a valid member extension (words of "
+                "letters, digits, '_' and '-' joined by dots, such as 'jpg' or 'seg.png')"
+            )
+        if field in reserved:
+            raise InputError(
+                f"sample {key!r}: the member {field!r} would clash with the one the build "
+                f"adds itself (--weights-only writes .{field}); rename it"
+            )
+        members.append((field, _payload(key, field, sample[field])))
+    if not members:
+        raise InputError(f"sample {key!r} has no data member, only its key and label")
+    return key, members, _label_text(key, sample.get(LABEL_FIELD), LABEL_FIELD in sample)
+
+
+def _payload(key: str, ext: str, value: Any) -> bytes:
+    """A member's bytes: bytes as they are, a str as UTF-8, a dict as deterministic JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InputError(
+                f"sample {key!r}: .{ext} is a str that is not valid text ({err})"
+            ) from err
+    if isinstance(value, dict):
+        try:
+            text = json.dumps(
+                value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            )
+            return text.encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError) as err:
+            hint = (
+                " (a Hugging Face Image/Audio column gives {'bytes', 'path'}: pass its "
+                "'bytes' as the member instead)"
+                if "bytes" in value
+                else ""
+            )
+            raise InputError(
+                f"sample {key!r}: .{ext} is a dict that cannot be written as JSON ({err}){hint}"
+            ) from err
+    raise InputError(
+        f"sample {key!r}: .{ext} is a {type(value).__name__}; a member must be bytes, a str "
+        "(written as UTF-8) or a dict (written as JSON): encode it first"
+    )
+
+
+def _label_text(key: str, value: Any, present: bool) -> tuple[str | None, bool]:
+    """The ``.cls`` text of a sample's label (``str(index)`` for an int; None if unlabelled)
+    and whether it was an int."""
+    if not present:
+        return None, False
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        if int(value) < 0:
+            raise InputError(
+                f"sample {key!r}: cls {int(value)} is negative; class indices are >= 0"
+            )
+        return str(int(value)), True
+    if isinstance(value, str):
+        if not value.strip() or value != value.strip():
+            raise InputError(
+                f"sample {key!r}: cls {value!r} is not a class name: names must be non-empty "
+                "without leading or trailing whitespace"
+            )
+        return value, False
+    raise InputError(
+        f"sample {key!r}: cls is a {type(value).__name__} ({value!r}); give an int class "
+        "index or a str class name (or leave cls out of every sample)"
+    )
+
+
+class _LabelKind:
+    """Checks that labels are on every sample or none, and that no int index meets a name.
+
+    An int is a class index; a str that is not a decimal integer is a class name (names are
+    sorted into indices). Both in one dataset would turn the ints into names, so that is
+    refused; decimal strs (``"3"``) go with either, as they do in a listing.
+    """
+
+    def __init__(self) -> None:
+        self._first: tuple[str, bool] | None = None  # (key, labelled) of the first sample
+        self._int_key = ""  # the first sample with an int cls
+        self._name_key = ""  # the first sample whose cls is a name
+
+    def check(self, key: str, label: str | None, is_int: bool) -> None:
+        labelled = label is not None
+        if self._first is None:
+            self._first = (key, labelled)
+        elif labelled != self._first[1]:
+            has, lacks = (key, self._first[0]) if labelled else (self._first[0], key)
+            raise InputError(
+                f"sample {lacks!r} has no cls while sample {has!r} has one: label every "
+                "sample or none"
+            )
+        if label is None:
+            return
+        if is_int:
+            self._int_key = self._int_key or key
+        elif not (label.isdecimal() and label.isascii()):
+            self._name_key = self._name_key or key
+        if self._int_key and self._name_key:
+            raise InputError(
+                f"sample {self._int_key!r} has an int cls (a class index) and sample "
+                f"{self._name_key!r} a str class name: give every sample an int index or "
+                "every sample a name"
+            )
+
+
+class _SpillFiles:
+    """The spill's tar files, appended to one sample at a time (every write checked)."""
+
+    def __init__(self, folder: str, file_bytes: int, file_samples: int) -> None:
+        self.folder = folder
+        self.files: list[str] = []
+        self.samples = self.parts = self.data_bytes = 0
+        self._file_bytes, self._file_samples = file_bytes, file_samples
+        self._out: BinaryIO | None = None
+        self._in_file = self._bytes_in_file = 0
+
+    def add(self, key: str, members: list[tuple[str, bytes]], label: str | None) -> None:
+        if self._out is None or (
+            self._bytes_in_file >= self._file_bytes or self._in_file >= self._file_samples
+        ):
+            self._next_file()
+        assert self._out is not None
+        named = list(members)
+        if label is not None:
+            named.append((LABEL_FIELD, label.encode("utf-8")))
+        for ext, data in named:
+            name = f"{key}.{ext}".encode()
+            for chunk in (tar_header(name, len(data)), data, padding(len(data))):
+                self._write(chunk)
+        self.samples += 1
+        self.parts += len(members)
+        self.data_bytes += sum(len(data) for _, data in members)
+        self._in_file += 1
+
+    def _write(self, chunk: bytes) -> None:
+        assert self._out is not None
+        written = self._out.write(chunk)
+        if written != len(chunk):
+            raise OSError(f"{self.files[-1]}: short write ({written} of {len(chunk)} bytes)")
+        self._bytes_in_file += written
+
+    def _next_file(self) -> None:
+        self._end_file()
+        path = os.path.join(self.folder, f"iterable-{len(self.files):05d}.tar")
+        self._out = open(path, "xb")  # noqa: SIM115 (closed by _end_file / close)
+        self.files.append(path)
+        self._in_file = self._bytes_in_file = 0
+
+    def _end_file(self) -> None:
+        if self._out is not None:
+            out, self._out = self._out, None
+            try:
+                written = out.write(EOF_MARKER)
+                if written != len(EOF_MARKER):
+                    raise OSError(f"{self.files[-1]}: short write of the tar's end marker")
+            finally:
+                out.close()
+
+    def close(self) -> None:
+        self._end_file()
