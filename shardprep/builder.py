@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -78,9 +78,10 @@ class BuildSummary:
         return asdict(self)
 
 
-def build(raw: str, out: str, **options: Any) -> BuildSummary:
+def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any) -> BuildSummary:
     """Turn the dataset at ``raw`` into balanced shards in ``out``.
 
+    ``raw`` is a path or URL, or an iterable of sample dicts (:mod:`shardprep.from_iterable`).
     ``options`` are the fields of :class:`~shardprep.config.BuildConfig`
     (``shards`` is required). ``out`` is a folder or an fsspec URL (``s3://bucket/prefix``;
     ``storage_options`` are passed to fsspec). Returns the summary the CLI prints.
@@ -89,6 +90,11 @@ def build(raw: str, out: str, **options: Any) -> BuildSummary:
         ShardprepError: any input, plan or write problem, with a message that
             names the file or shard and what to do.
     """
+    if not isinstance(raw, str | os.PathLike):  # samples from code: spilled, then built as tar
+        from shardprep.from_iterable import build_from_iterable
+
+        return build_from_iterable(raw, out, **options)
+    raw = os.fspath(raw)
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
