@@ -43,7 +43,7 @@ from loader.partition import (
     slice_order,
     slot_counts,
 )
-from loader.prefetch import attach_read_ahead
+from loader.prefetch import ReadPlan, read_ahead, window_plan
 from loader.read import BufferPool, ShardReader
 from loader.reweight import Reweighting
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
@@ -219,23 +219,15 @@ class ShardStream:
             and self.transform is None
             and not policy.skip
         )
-        # windows are read into reused buffers; every sample dict holds copies, never views
-        reader = self.reader(epoch, BufferPool())
+        # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
+        pieces = self._pieces(epoch, world, history)
+        rng_key = window_key(self.seed, epoch, world.rank, world.worker, len(history))
+        skipped = skip if batch is None else skip * batch
+        # → a reader of the windows' reads: for remote outputs fetched ahead (and cached) in
+        # the same order; windows are read into reused buffers (sample dicts hold copies)
+        plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
+        reader = self.reader(epoch, BufferPool(), plan)
         try:
-            # → this (rank, slot)'s sample ranges: whole batches per slot, equal on every rank
-            pieces = self._pieces(epoch, world, reader, history)
-            rng_key = window_key(self.seed, epoch, world.rank, world.worker, len(history))
-            skipped = skip if batch is None else skip * batch
-            # → remote outputs: the windows' reads fetched ahead (and cached), in the same order
-            attach_read_ahead(
-                reader,
-                self.source,
-                self.manifest,
-                pieces,
-                skipped,
-                self.shuffle_buffer,
-                self.shuffle_buffer_bytes,
-            )
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
                 pieces,
@@ -277,11 +269,20 @@ class ShardStream:
         finally:
             reader.close()
 
-    def _pieces(
-        self, epoch: int, world: World, reader: ShardReader, history: Sequence[Pass]
-    ) -> list[SampleRange]:
-        """This (rank, slot)'s ranges of the pass's sequence, in stream order."""
-        sequence = self._sequence(epoch, history, reader)
+    def _pieces(self, epoch: int, world: World, history: Sequence[Pass]) -> list[SampleRange]:
+        """This (rank, slot)'s ranges of the pass's sequence, in stream order.
+
+        With a ``history`` the sequence needs sample sizes: a reader of its own reads the
+        indexes (the stream's reader is made after, with the read plan of these pieces).
+        """
+        if history:
+            reader = self.reader(epoch)
+            try:
+                sequence = self._sequence(epoch, history, reader)
+            finally:
+                reader.close()
+        else:
+            sequence = self.order(epoch)
         size = sum(len(r) for r in sequence)
         if history:
             per_rank = pass_share(size, world.world_size, self.uneven)
@@ -319,8 +320,14 @@ class ShardStream:
             )
         return sequence
 
-    def reader(self, epoch: int, pool: BufferPool | None = None) -> ShardReader:
-        """A reader of this output with ``epoch``'s class-weight draw (close it after use)."""
+    def reader(
+        self, epoch: int, pool: BufferPool | None = None, plan: ReadPlan | None = None
+    ) -> ShardReader:
+        """A reader of this output with ``epoch``'s class-weight draw (close it after use).
+
+        With a ``plan`` of what it will read, a remote output's reads are fetched ahead (and
+        through the cache) in that order (``loader.prefetch.read_ahead``).
+        """
         return ShardReader(
             self.source,
             self.manifest,
@@ -328,6 +335,7 @@ class ShardStream:
             self._expander(epoch),
             self.read.checksums,
             pool,
+            None if plan is None else read_ahead(self.source, self.manifest, plan),
         )
 
     def _expander(

@@ -12,6 +12,13 @@ and hands the bytes to the ``ShardReader`` (``read.RangeIO``) in plan order.
 The bytes are the same, in the same order: checksums are verified downstream
 as without read-ahead.
 
+``read_ahead(source, manifest, plan)`` is the seam: it gives ``ShardReader``'s
+constructor the factory of its ``RangeIO`` (``None`` for a local output, or
+with neither read-ahead nor cache). A ``ReadPlan`` says what the reader will
+read: ``window_plan`` the windows of a ``ShardStream`` slot, ``piece_plan``
+each piece whole in the order given (a mixture source's batches, drawn lazily
+so that no list as long as the epoch is built).
+
 Per worker, memory is one window (``shuffle_buffer_bytes``) plus
 ``read_ahead_bytes`` (plus one request when a single read is larger).
 
@@ -32,19 +39,29 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from loader.errors import UnreachableError
 from loader.order import SampleRange
-from loader.read import ShardReader
+from loader.read import RangeIO, ShardReader
 from loader.shuffle import plan_windows
 from loader.source import RemoteOptions, Source, worst_case_s
 from shardprep.format.manifest import Manifest
 
-__all__ = ["Group", "Read", "ReadAhead", "attach_read_ahead", "plan_groups", "planned_reads"]
+__all__ = [
+    "Group",
+    "Read",
+    "ReadAhead",
+    "ReadPlan",
+    "piece_plan",
+    "plan_groups",
+    "planned_reads",
+    "read_ahead",
+    "window_plan",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +106,40 @@ def planned_reads(
         skip = 0
         for piece in window:
             yield Read(piece.shard, *reader.span(piece))
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What a reader will read, in order; both lazy, each call a fresh iterator.
+
+    ``reads(reader)``: its reads (spans come from the reader's indexes);
+    ``shards()``: the shards it reads, in order (repeats allowed), for the index files
+    fetched ahead.
+    """
+
+    reads: Callable[[ShardReader], Iterator[Read]]
+    shards: Callable[[], Iterator[int]]
+
+
+def window_plan(pieces: list[SampleRange], skip: int, max_samples: int, max_bytes: int) -> ReadPlan:
+    """The reads of ``shuffled_windows`` over ``pieces`` (a ``ShardStream`` slot)."""
+    return ReadPlan(
+        lambda reader: planned_reads(pieces, reader, skip, max_samples, max_bytes),
+        lambda: (piece.shard for piece in pieces),
+    )
+
+
+def piece_plan(pieces: Callable[[], Iterator[SampleRange]]) -> ReadPlan:
+    """Each piece read whole, in the order ``pieces()`` gives them (a mixture source's reads).
+
+    ``pieces`` is called twice (reads, shards): it must give the same pieces each time.
+    """
+
+    def reads(reader: ShardReader) -> Iterator[Read]:
+        for piece in pieces():
+            yield Read(piece.shard, *reader.span(piece))
+
+    return ReadPlan(reads, lambda: (piece.shard for piece in pieces()))
 
 
 def plan_groups(reads: Iterator[Read], request_bytes: int) -> Iterator[Group]:
@@ -203,7 +254,7 @@ class ReadAhead:
         source: Source,
         manifest: Manifest,
         reads: Iterator[Read],
-        shard_order: Sequence[int],
+        shard_order: Iterable[int],
         options: RemoteOptions,
         cache: Any = None,
     ) -> None:
@@ -215,7 +266,9 @@ class ReadAhead:
         self._budget = 0  # bytes held or in flight ahead (see _cost)
         self._pinned: dict[int, int] = {}  # cache mode: outstanding groups per shard
         self._exhausted = False
-        self._order = list(dict.fromkeys(shard_order))  # shards in order of first use
+        self._upcoming = iter(shard_order)  # drawn lazily: it may be a walk of the epoch's plan
+        self._order: list[int] = []  # the distinct shards drawn so far, in order of first use
+        self._position: dict[int, int] = {}  # shard -> its place in _order
         self._next_index = 0
         self._index_jobs: dict[int, _Job] = {}
         self._closed = False
@@ -298,13 +351,27 @@ class ReadAhead:
 
     def _prefetch_indexes(self, current: int) -> None:
         """Fetch ahead the index files of the next ``INDEX_AHEAD`` shards after ``current``."""
-        if current in self._order[self._next_index :]:
-            self._next_index = max(self._next_index, self._order.index(current) + 1)
+        if current not in self._position:
+            self._draw(lambda: current in self._position)
+        at = self._position.get(current, -1)
+        if at >= self._next_index:
+            self._next_index = at + 1
+        self._draw(lambda: len(self._order) >= self._next_index + INDEX_AHEAD)
         for shard in self._order[self._next_index : self._next_index + INDEX_AHEAD]:
             if shard not in self._index_jobs and not self._closed:
                 self._index_jobs[shard] = self._pool.submit(
                     partial(self._fetch_index, shard), priority=0
                 )
+
+    def _draw(self, enough: Callable[[], bool]) -> None:
+        """Draw distinct shards from the shard order until ``enough()`` or it ends."""
+        while not enough():
+            shard = next(self._upcoming, None)
+            if shard is None:
+                return
+            if shard not in self._position:
+                self._position[shard] = len(self._order)
+                self._order.append(shard)
 
     # --- fetching (pool threads) -----------------------------------------------------
 
@@ -387,35 +454,31 @@ class ReadAhead:
         return job.value
 
 
-def attach_read_ahead(
-    reader: ShardReader,
-    source: Source,
-    manifest: Manifest,
-    pieces: list[SampleRange],
-    skip: int,
-    max_samples: int,
-    max_bytes: int,
-) -> None:
-    """Give ``reader`` a read-ahead (and the cache) when reading a remote output with them on.
+def read_ahead(
+    source: Source, manifest: Manifest, plan: ReadPlan
+) -> Callable[[ShardReader], RangeIO] | None:
+    """The ``io`` factory of a ``ShardReader`` that will read ``plan``: its read-ahead (and the
+    cache) for a remote output with them on; ``None`` (direct reads) otherwise.
 
     Local outputs keep direct reads: a page-cache ``pread`` has no latency to hide.
     """
     options = source.options
     if not source.remote:
-        return
+        return None
     cache = None
     if options.cache_dir is not None:
         from loader.cache import ShardCache
 
         cache = ShardCache.for_output(source, manifest)
     if options.read_ahead_bytes == 0 and cache is None:
-        return
+        return None
     if options.read_ahead_bytes == 0:
         options = _replace_read_ahead(options)
-    reads = planned_reads(pieces, reader, skip, max_samples, max_bytes)
-    reader.io = ReadAhead(
-        source, manifest, reads, [piece.shard for piece in pieces], options, cache
-    )
+
+    def make(reader: ShardReader) -> RangeIO:
+        return ReadAhead(source, manifest, plan.reads(reader), plan.shards(), options, cache)
+
+    return make
 
 
 def _replace_read_ahead(options: RemoteOptions) -> RemoteOptions:

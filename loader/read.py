@@ -562,10 +562,14 @@ class ShardReader:
         expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
         checksums: bool = True,
         pool: BufferPool | None = None,
+        io: Callable[[ShardReader], RangeIO] | None = None,
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
         (everything else is still checked); for the rare job where that cost matters.
-        ``pool``: read local plain shards into reused buffers (chunks then hold views)."""
+        ``pool``: read local plain shards into reused buffers (chunks then hold views).
+        ``io``: makes, from this reader, where its shard and index bytes come from instead of
+        reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
+        it gets the reader because a read plan needs the reader's indexes."""
         self._source = source
         self._pool = pool if not source.remote else None
         self._chunk = Chunk if checksums else UncheckedChunk
@@ -582,12 +586,12 @@ class ShardReader:
         self._file: BinaryIO | None = None
         self._file_size = 0
         self._zstd: Any = None
-        # where shard and index bytes come from when not read here: read-ahead or a local cache
-        self.io: RangeIO | None = None
         if manifest.compression == "zstd":
             import zstandard
 
             self._zstd = zstandard.ZstdDecompressor()
+        # where shard and index bytes come from when not read here: read-ahead or a local cache
+        self.io: RangeIO | None = None if io is None else io(self)
 
     def index(self, shard: int) -> ShardIndex:
         """The sidecar index of ``shard``, checked before it is used.
