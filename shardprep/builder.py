@@ -247,7 +247,7 @@ def _scan(
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
     if detected:
-        layout = detect_format(raw)
+        layout = detect_format(raw, config.storage_options)
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
     stores: list[InventoryStore] = []
@@ -273,6 +273,8 @@ def _scan(
                 sink=sink,
                 # Tasks on this machine write their class folder to disk too; Ray's return it.
                 part_sink=make_store if engine.shares_disk else InventoryBuilder,
+                key_column=config.key_column,
+                scratch=folder,  # Parquet input: payloads are copied there (removed with it)
             )
     except BaseException:
         for store in stores:  # a failed scan leaves its column files open for writing

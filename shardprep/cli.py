@@ -8,6 +8,7 @@ requests such as more shards than samples); 130 interrupted. Expected errors pri
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 import click
 
 from shardprep.format.errors import BuildInterrupted, PlanError, ShardprepError, is_interrupt
+from shardprep.storage import is_url
 
 __all__ = ["main"]
 
@@ -48,7 +50,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("raw", type=click.Path(exists=True, path_type=str))
+@click.argument("raw", callback=lambda _ctx, _param, value: _input_path(value))
 @click.argument("out", type=click.Path(path_type=str))
 @click.option(
     "--shards", "-n", type=click.IntRange(min=1), required=True, help="Number of shards to write."
@@ -106,7 +108,7 @@ def cli() -> None:
 @click.option(
     "--format",
     "input_format",
-    type=click.Choice(["auto", "class-folders", "keyed", "listing", "tar"]),
+    type=click.Choice(["auto", "class-folders", "keyed", "listing", "parquet", "tar"]),
     default="auto",
     show_default=True,
     help="Input layout; auto-detected by default.",
@@ -117,7 +119,13 @@ def cli() -> None:
 @click.option(
     "--label-column",
     default=None,
-    help="Listing column with the label [default: 'label' if present].",
+    help="Listing or Parquet column with the label [default: 'label' if present].",
+)
+@click.option(
+    "--key-column",
+    default=None,
+    help="Parquet column with each row's key [default: 'key' or '__key__' if present, "
+    "else <file>-<row number>].",
 )
 @click.option(
     "--class-weights",
@@ -171,7 +179,8 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
 
     RAW is a folder of class folders, a folder of files grouped by key, a
     CSV/TSV/JSONL listing (whose paths may be URLs such as s3://bucket/a.jpg),
-    or a folder of existing .tar shards. OUT is a folder or an fsspec URL
+    a folder of existing .tar shards, or Parquet files (a .parquet file, a folder
+    of them, or a URL such as s3://bucket/data/). OUT is a folder or an fsspec URL
     (s3://bucket/prefix, gs://..., ...).
     """
     from shardprep.builder import build as run_build
@@ -186,6 +195,13 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
         click.echo(_format_summary(summary.to_dict()))
+
+
+def _input_path(value: str) -> str:
+    """RAW: an existing path, or a URL (Parquet input, read through fsspec)."""
+    if is_url(value) or os.path.exists(value):
+        return value
+    raise click.BadParameter(f"Path {value!r} does not exist.")
 
 
 def _storage_options(values: tuple[str, ...]) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ class BuildConfig:
     input_format: str = "auto"
     path_column: str = "path"
     label_column: str | None = None
+    key_column: str | None = None  # Parquet input: the column with each row's key
     class_weights: str | None = None
     num_samples: int | None = None
     keep_all: bool = False
@@ -102,6 +103,8 @@ class BuildConfig:
             "storage_options",
         }
         options = {k: v for k, v in asdict(self).items() if k not in runtime and k != "map"}
+        if self.key_column is None:  # absent unless given: manifests of other builds unchanged
+            del options["key_column"]
         if self.map is not None:  # absent without --map: manifests of plain builds unchanged
             options["map"] = self.map.name
         return options

@@ -23,8 +23,10 @@ from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
+from shardprep.scan.parquet import is_parquet_name, list_parquet, scan_parquet
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
+from shardprep.storage import is_url
 
 __all__ = ["InputFormat", "detect_format", "scan"]
 
@@ -36,11 +38,16 @@ class InputFormat(str, Enum):
     CLASS_FOLDERS = "class-folders"
     KEYED = "keyed"
     LISTING = "listing"
+    PARQUET = "parquet"
     TAR = "tar"
 
 
-def detect_format(raw: str) -> InputFormat:
+def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) -> InputFormat:
     """Decide the layout of ``raw`` from its top level (see docs/cli.md for the rules).
+
+    A ``.parquet`` file, a folder whose top-level files are all ``.parquet`` (names
+    starting with ``_`` or ``.`` aside, as Spark writes them) and a URL are Parquet input
+    (a URL must name a ``.parquet`` object or a prefix that holds some).
 
     A folder that holds only folders is class folders unless its first folder
     with files holds ``.cls`` label parts (then it is keyed). The scan then
@@ -53,6 +60,9 @@ def detect_format(raw: str) -> InputFormat:
             (files and folders side by side without ``.cls`` labels): the
             message asks for ``--format``.
     """
+    if is_url(raw):
+        list_parquet(raw, storage_options)  # refuses a URL that holds no .parquet files
+        return InputFormat.PARQUET
     if not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
     if os.path.isfile(raw):
@@ -61,8 +71,12 @@ def detect_format(raw: str) -> InputFormat:
             return InputFormat.LISTING
         if lower.endswith(".tar"):
             return InputFormat.TAR
+        if lower.endswith(".parquet"):
+            return InputFormat.PARQUET
         raise InputError(
-            f"{raw}: a file input must be a .csv/.tsv/.jsonl listing or a .tar shard", raw
+            f"{raw}: a file input must be a .csv/.tsv/.jsonl listing, a .tar shard or a "
+            ".parquet file",
+            raw,
         )
     with os.scandir(raw) as it:
         entries = sorted(
@@ -76,6 +90,9 @@ def detect_format(raw: str) -> InputFormat:
     shards = [n for n in files if not (n.endswith(".idx") or n == MANIFEST_NAME)]
     if shards and all(n.endswith(".tar") for n in shards):
         return InputFormat.TAR
+    tables = [n for n in files if not n.startswith("_")]  # Spark's _SUCCESS, _common_metadata
+    if tables and all(is_parquet_name(n) for n in tables):
+        return InputFormat.PARQUET
     if files and (not folders or any(is_label_file(n) for n in files)):
         return InputFormat.KEYED
     if files:
@@ -101,6 +118,8 @@ def scan(
     storage_options: Mapping[str, Any] | None = None,
     sink: SinkFactory = InventoryBuilder,
     part_sink: SinkFactory = InventoryBuilder,
+    key_column: str | None = None,
+    scratch: str | None = None,
 ) -> InventoryView:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
@@ -112,7 +131,10 @@ def scan(
     ``workers`` > 1 scans class folders in parallel processes (same result);
     ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
     input tar and one per chunk of listing rows, instead. ``storage_options``
-    are fsspec's, for a listing that names URLs.
+    are fsspec's, for a listing that names URLs or a Parquet URL. Parquet input copies
+    its payloads into a new sub-folder of ``scratch`` (the build's scratch folder; a
+    temporary folder the caller removes when None: the inventory's root), and takes its
+    key from ``key_column`` (:mod:`shardprep.scan.parquet`).
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -125,8 +147,8 @@ def scan(
     """
     fmt = InputFormat(fmt)
     if fmt is InputFormat.AUTO:
-        fmt, detected = detect_format(raw), True
-    elif not os.path.exists(raw):
+        fmt, detected = detect_format(raw, storage_options), True
+    elif not os.path.exists(raw) and not (fmt is InputFormat.PARQUET and is_url(raw)):
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
     if fmt is InputFormat.LISTING:
@@ -136,6 +158,10 @@ def scan(
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(
             os.path.abspath(raw), count, workers, ordered_map, sink, part_sink
+        )
+    elif fmt is InputFormat.PARQUET:
+        inventory = scan_parquet(
+            raw, count, scratch, label_column, key_column, storage_options, sink
         )
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(

@@ -203,7 +203,7 @@ def test_example_then_build_then_verify(tmp_path: Path) -> None:
         (["--shards", "2", "--compress", "gz"], "'gz' is not one of 'none', 'zstd'"),
         (["--shards", "2", "--zstd-level", "23"], "--zstd-level"),
         (["--shards", "2", "--seed", "-1"], "--seed"),
-        (["--shards", "2", "--format", "parquet"], "'parquet' is not one of"),
+        (["--shards", "2", "--format", "orc"], "'orc' is not one of"),
         (["--shards", "2", "--workers", "0"], "--workers"),
         (["--shards", "2", "--overwrite", "--resume"], "--overwrite and --resume exclude"),
         ([], "Missing option '--shards'"),

@@ -1,0 +1,511 @@
+"""Scanner for Parquet input: one row is one sample (Hugging Face datasets, Spark, Ray Data).
+
+Columns become the sample's parts:
+
+- a binary column is a member named after the column (``jpg`` → ``<key>.jpg``);
+- a Hugging Face ``Image``/``Audio`` column (a struct ``{bytes, path}``) is one member
+  whose extension is that of ``path`` (else the column's name);
+- the label column (``--label-column``, default ``label`` if present) gives ``.cls``,
+  its values interned as a listing's are (strings: class names sorted; integers: indices);
+- the key column (``--key-column``, default ``key`` or ``__key__`` if present) gives the
+  key, else ``<file stem>-<row:09d>`` (the row's number in its file);
+- every other column goes into the sample's ``.json`` (sorted keys).
+
+The payloads live inside the Parquet files (in compressed, encoded pages), so the scan
+copies them once into a spill file per Parquet file in the build's scratch folder, and
+the inventory points at them as a tar scan's does at members (file, offset, size). The
+writer then reads them with ``pread`` like tar members: no Parquet reader in the write
+tasks, one sequential read of the input (ranged GETs for URLs), the same bytes whatever
+process writes. Files are read a batch of rows at a time (``iter_batches``, no
+pre-buffering of whole row groups), so memory stays bounded by the batch.
+
+pyarrow is imported only here, when a Parquet input is scanned (``shardprep[parquet]``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardprep.format.errors import InputError, OutputError, ShardprepError
+from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
+from shardprep.scan.labels import LabelTable
+from shardprep.scan.walk import Tick
+from shardprep.storage import describe_error, is_url, open_url
+
+__all__ = ["ParquetInputError", "is_parquet_name", "list_parquet", "scan_parquet"]
+
+SUFFIX = ".parquet"
+KEY_COLUMNS = ("key", "__key__")  # the key column's default names, in order of preference
+LABEL_COLUMN = "label"
+BATCH_BYTES = 32 << 20  # rows read at a time: about this many bytes of the row group's data
+MAX_BATCH_ROWS = 1 << 16
+READ_BUFFER = 8 << 20  # pyarrow's buffered reads of a column chunk (no whole-group pre-buffer)
+RESERVED_EXTS = ("cls", "weight")  # members the writer adds itself
+_EXT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+class ParquetInputError(InputError):
+    """A Parquet input cannot be read as samples; names the file and, where known, the row/key."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ParquetInputError, (str(self), self.path))
+
+
+def is_parquet_name(name: str) -> bool:
+    """True for a ``.parquet`` file name that is not hidden (``.x``) or Spark's (``_x``)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.lower().endswith(SUFFIX) and not base.startswith((".", "_"))
+
+
+def _import_pyarrow() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise InputError(
+            'Parquet input needs pyarrow: pip install "shardprep[parquet]" '
+            f"(it could not be imported: {err})"
+        ) from err
+    return pq
+
+
+def list_parquet(raw: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The Parquet files of ``raw`` (a file, a folder or a URL prefix), sorted by path.
+
+    A folder's files are found at any depth; names starting with ``.`` or ``_`` (Spark's
+    ``_SUCCESS``, ``_common_metadata``) and folders starting with ``.`` are skipped.
+
+    Raises:
+        InputError: nothing found, or a URL that cannot be listed (naming it).
+    """
+    if is_url(raw):
+        fs, path = open_url(raw, storage_options)
+        protocol = raw[: raw.index("://") + 3]
+        try:
+            if fs.isfile(path):
+                return [raw]
+            found = sorted(p for p in fs.find(path) if is_parquet_name(p))
+        except Exception as err:  # a backend's own transport errors are not all OSErrors
+            raise InputError(describe_error(raw, err), raw) from err
+        files = [protocol + p for p in found if not _hidden(p[len(path) :])]
+    elif os.path.isfile(raw):
+        return [os.path.abspath(raw)]
+    else:
+        top = os.path.abspath(raw)
+        files = []
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            files += [os.path.join(folder, n) for n in names if is_parquet_name(n)]
+        files.sort()
+    if not files:
+        raise InputError(f"{raw}: no .parquet files found", raw)
+    return files
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.strip("/").split("/")[:-1])
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """How one file's columns become a sample: members, key, label, metadata."""
+
+    binary: tuple[str, ...]  # binary columns: one member each, named after the column
+    structs: tuple[str, ...]  # {bytes, path} columns: one member each, extension from path
+    key: str  # "" for row numbers
+    label: str  # "" for unlabelled
+    meta: tuple[str, ...]  # everything else, into .json
+
+
+def _columns(schema: Any, where: str, key_column: str | None, label_column: str | None) -> _Columns:
+    """Classify the columns of an Arrow schema.
+
+    Raises:
+        ParquetInputError: a named column is missing, a member column cannot name a member,
+            or no column holds bytes.
+    """
+    import pyarrow as pa
+
+    names = list(schema.names)
+    for given, what, flag in ((key_column, "key", "--key-column"), (label_column, "label", "")):
+        if given is not None and given not in names:
+            raise ParquetInputError(
+                f"{where}: no {what} column {given!r} (columns: {', '.join(names)}); "
+                f"name an existing column with {flag or '--label-column'}",
+                where,
+            )
+    key = key_column if key_column is not None else next((k for k in KEY_COLUMNS if k in names), "")
+    label = (
+        label_column
+        if label_column is not None
+        else (LABEL_COLUMN if LABEL_COLUMN in names else "")
+    )
+    binary, structs, meta = [], [], []
+    for field in schema:
+        if field.name in (key, label):
+            continue
+        kind = field.type
+        if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or _is_binary_view(kind):
+            _check_ext(field.name, where)
+            binary.append(field.name)
+        elif pa.types.is_struct(kind) and _is_bytes_struct(kind):
+            structs.append(field.name)
+        else:
+            meta.append(field.name)
+    if not binary and not structs:
+        raise ParquetInputError(
+            f"{where}: no column holds bytes (columns: {', '.join(names)}); a sample needs at "
+            "least one binary column or a Hugging Face Image/Audio column ({bytes, path})",
+            where,
+        )
+    return _Columns(tuple(binary), tuple(structs), key, label, tuple(meta))
+
+
+def _is_binary_view(kind: Any) -> bool:
+    import pyarrow as pa
+
+    check = getattr(pa.types, "is_binary_view", None)
+    return bool(check and check(kind))
+
+
+def _is_bytes_struct(kind: Any) -> bool:
+    """A Hugging Face Image/Audio storage type: a struct with a binary ``bytes`` field."""
+    import pyarrow as pa
+
+    index = kind.get_field_index("bytes")
+    if index < 0:
+        return False
+    inner = kind.field(index).type
+    return bool(
+        pa.types.is_binary(inner) or pa.types.is_large_binary(inner) or _is_binary_view(inner)
+    )
+
+
+def _check_ext(ext: str, where: str) -> None:
+    if not _EXT.fullmatch(ext) or ext.lower() in RESERVED_EXTS:
+        raise ParquetInputError(
+            f"{where}: binary column {ext!r} cannot name a member (a member's extension is "
+            "made of letters, digits, '_', '-' and '.', and cls/weight are the writer's own); "
+            "rename the column",
+            where,
+        )
+
+
+def _struct_ext(path: Any, column: str) -> str:
+    """A struct member's extension: that of its ``path``, lower-cased, else the column's name."""
+    if isinstance(path, str):
+        base = path.rsplit("/", 1)[-1]
+        dot = base.rfind(".")
+        ext = base[dot + 1 :].lower() if dot > 0 else ""
+        if ext and _EXT.fullmatch(ext) and ext not in RESERVED_EXTS:
+            return ext
+    return column
+
+
+class _Spill:
+    """One Parquet file's payloads, appended to its spill file; every write checked."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.path = path
+        self._file: BinaryIO = open(path, "xb")  # noqa: SIM115 (closed by close)
+        self.size = 0
+
+    def write(self, data: memoryview) -> int:
+        """Append ``data``; returns its offset in the spill file."""
+        at = self.size
+        try:
+            written = self._file.write(data)
+        except OSError as err:
+            raise _spill_error(self.path, err) from err
+        if written != len(data):
+            raise OutputError(
+                f"{self.path}: short write ({written} of {len(data)} bytes)", self.path
+            )
+        self.size += written
+        return at
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        except OSError as err:
+            raise _spill_error(self.path, err) from err
+
+
+def _spill_error(path: str, err: OSError) -> OutputError:
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(
+            f"{path}: no room for the Parquet payloads in the build's scratch folder "
+            f"({err.strerror}); a Parquet build copies every payload there once (as much room "
+            "as the input's binary columns): set TMPDIR to a folder on a disk with room and run "
+            "the same command again",
+            path,
+        )
+    return OutputError(f"{path}: cannot write the build's scratch file ({err})", path)
+
+
+def scan_parquet(
+    raw: str,
+    tick: Tick,
+    scratch: str | None,
+    label_column: str | None = None,
+    key_column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    sink: SinkFactory = InventoryBuilder,
+) -> InventoryView:
+    """Inventory of every row of the Parquet files at ``raw``, their payloads spilled.
+
+    ``scratch`` is the folder the payloads are copied into (a fresh sub-folder of it is
+    made; the caller removes ``scratch`` with everything in it); None makes a temporary
+    folder that the caller must remove (``inventory.root``). The inventory's root is that
+    sub-folder, each spill file is named after its Parquet file's path relative to ``raw``
+    (so a sample's recorded source is ``train-00000.parquet:<key>``).
+
+    Raises:
+        ParquetInputError: not Parquet, a named column missing, a null key or label, a
+            row without any payload, columns that differ between files; naming the file and
+            the row (and key). Duplicate keys are refused by the caller (``check_unique_keys``).
+        OutputError: the scratch folder is full.
+    """
+    pq = _import_pyarrow()
+    files = list_parquet(raw, storage_options)
+    base = _base(raw, files)
+    root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
+    labels = LabelTable()
+    builder: Any = None
+    first: tuple[str, _Columns] | None = None
+    for location in files:
+        rel = location[len(base) :].lstrip("/") if location != base else _basename(location)
+        with _open(pq, location, storage_options) as parquet:
+            where = location
+            columns = _columns(parquet.schema_arrow, where, key_column, label_column)
+            if first is None:
+                first = (where, columns)
+                builder = sink(root, bool(columns.meta))
+            elif columns != first[1]:
+                raise ParquetInputError(
+                    f"{where}: its columns differ from those of {first[0]} ({columns} vs "
+                    f"{first[1]}); every Parquet file of one input must have the same columns",
+                    where,
+                )
+            spill = _Spill(os.path.join(root, rel))
+            try:
+                for rows in _read(parquet, columns, where, rel, labels, spill):
+                    for stem, label, parts, meta in rows:
+                        builder.add(stem, label, parts, spill.path, meta)
+                    tick(len(rows))
+            finally:
+                spill.close()
+    return labels.freeze(builder)
+
+
+def _base(raw: str, files: list[str]) -> str:
+    """The prefix that relative names are taken after: the folder (or the file itself)."""
+    if len(files) == 1 and files[0].rstrip("/") in (raw.rstrip("/"), os.path.abspath(raw)):
+        return files[0]
+    return raw.rstrip("/") if is_url(raw) else os.path.abspath(raw)
+
+
+def _basename(location: str) -> str:
+    return location.rstrip("/").rsplit("/", 1)[-1]
+
+
+class _open:  # noqa: N801 (a context manager used like a function)
+    """A ``pyarrow.parquet.ParquetFile`` of a path or URL, closed (with its fsspec file) on exit."""
+
+    def __init__(self, pq: Any, location: str, storage_options: Mapping[str, Any] | None) -> None:
+        self._pq, self._location, self._options = pq, location, storage_options
+        self._handle: Any = None
+        self._parquet: Any = None
+
+    def __enter__(self) -> Any:
+        import pyarrow as pa
+
+        location = self._location
+        try:
+            if is_url(location):
+                fs, path = open_url(location, self._options)
+                self._handle = fs.open(path, "rb", block_size=READ_BUFFER)
+                source: Any = self._handle
+            else:
+                source = location
+            self._parquet = self._pq.ParquetFile(source, buffer_size=READ_BUFFER, pre_buffer=False)
+        except (pa.ArrowInvalid, pa.ArrowException) as err:
+            self._close()
+            raise ParquetInputError(
+                f"{location}: not a Parquet file ({err}); remove it from the input or pass "
+                "the Parquet files alone",
+                location,
+            ) from err
+        except OutputError:
+            self._close()
+            raise
+        except Exception as err:
+            self._close()
+            raise ParquetInputError(describe_error(location, err), location) from err
+        return self._parquet
+
+    def __exit__(self, *_exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        if self._handle is not None:
+            self._handle.close()
+
+
+_Row = tuple[str, int, list[tuple[str, int, int]], bytes | None]  # stem, label, parts, meta
+
+
+def _read(
+    parquet: Any, columns: _Columns, where: str, rel: str, labels: LabelTable, spill: _Spill
+) -> Iterator[list[_Row]]:
+    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled."""
+    batch_rows = _batch_rows(parquet.metadata)
+    stem_prefix = rel[: -len(SUFFIX)] if rel.lower().endswith(SUFFIX) else rel
+    row = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=True):
+            n = batch.num_rows
+            members = _spill_members(batch, columns, spill, where)
+            keys = batch.column(columns.key).to_pylist() if columns.key else None
+            label_values = batch.column(columns.label).to_pylist() if columns.label else None
+            metas = batch.select(list(columns.meta)).to_pylist() if columns.meta else None
+            rows: list[_Row] = []
+            for i in range(n):
+                number = row + i
+                if keys is not None:
+                    stem = _key_stem(keys[i], where, number, columns.key)
+                else:
+                    stem = f"{stem_prefix}-{number:09d}"
+                label = UNLABELLED
+                if label_values is not None:
+                    label = labels.intern(
+                        _label_text(label_values[i], where, number, stem, columns.label)
+                    )
+                parts = [p for p in (column[i] for column in members) if p is not None]
+                if not parts:
+                    raise ParquetInputError(
+                        f"{where}: row {number} (key {stem!r}) has no payload: every member "
+                        "column is null there; drop the row or fill a column",
+                        where,
+                    )
+                exts = [p[0] for p in parts]
+                if len(set(exts)) != len(exts):
+                    raise ParquetInputError(
+                        f"{where}: row {number} (key {stem!r}) would hold two "
+                        f".{max(exts, key=exts.count)} members; rename one of the columns",
+                        where,
+                    )
+                data = json.dumps(metas[i], sort_keys=True, default=str).encode() if metas else None
+                rows.append((stem, label, parts, data))
+            row += n
+            yield rows
+    except ShardprepError:
+        raise
+    except Exception as err:  # pyarrow's and the storage backend's errors alike
+        raise ParquetInputError(
+            f"{where}: cannot read row {row} onwards ({err}); the file is damaged or "
+            "unreachable: fix or remove it",
+            where,
+        ) from err
+
+
+def _batch_rows(meta: Any) -> int:
+    """Rows per batch: about BATCH_BYTES of the file's largest rows (by row group averages)."""
+    per_row = 1
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        per_row = max(per_row, group.total_byte_size // max(1, group.num_rows))
+    return int(min(MAX_BATCH_ROWS, max(1, BATCH_BYTES // per_row)))
+
+
+_Part = tuple[str, int, int]
+
+
+def _spill_members(
+    batch: Any, columns: _Columns, spill: _Spill, where: str
+) -> list[list[_Part | None]]:
+    """Per member column, per row: (extension, size, spill offset), or None where null.
+
+    A column's values are written as one block (its Arrow data buffer), so the per-row
+    work is arithmetic on the offsets array only.
+    """
+    out: list[list[tuple[str, int, int] | None]] = []
+    for name in columns.binary:
+        out.append(_spill_binary(batch.column(name), [name] * batch.num_rows, spill))
+    for name in columns.structs:
+        column = batch.column(name)
+        kind = column.type
+        flat = column.flatten()
+        payload = flat[kind.get_field_index("bytes")]
+        path_index = kind.get_field_index("path")
+        paths = flat[path_index].to_pylist() if path_index >= 0 else [None] * len(column)
+        exts = [_struct_ext(p, name) for p in paths]
+        for ext in set(exts):
+            _check_ext(ext, where)
+        out.append(_spill_binary(payload, exts, spill))
+    return out
+
+
+def _spill_binary(values: Any, exts: list[str], spill: _Spill) -> list[_Part | None]:
+    import pyarrow as pa
+
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        values = values.cast(pa.large_binary())
+    width = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+    _, offsets_buffer, data_buffer = values.buffers()
+    n = len(values)
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[values.offset : values.offset + n + 1]
+    offsets = offsets.astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    at = (
+        spill.write(memoryview(data_buffer)[lo:hi])
+        if data_buffer is not None and hi > lo
+        else spill.size
+    )
+    starts = (offsets[:-1] - lo + at).tolist()
+    sizes = np.diff(offsets).tolist()
+    valid = values.is_valid().to_pylist() if values.null_count else None
+    return [(exts[i], sizes[i], starts[i]) if valid is None or valid[i] else None for i in range(n)]
+
+
+def _key_stem(value: Any, where: str, number: int, column: str) -> str:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ParquetInputError(
+            f"{where}: row {number}: the key column {column!r} is null or empty; give every "
+            "row a key, or leave out --key-column and drop the column to number the rows",
+            where,
+        )
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ParquetInputError(
+            f"{where}: row {number}: key {value!r} in column {column!r} is not a string or an "
+            "integer",
+            where,
+        )
+    return str(value)
+
+
+def _label_text(value: Any, where: str, number: int, stem: str, column: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, type(None))):
+        raise ParquetInputError(
+            f"{where}: row {number} (key {stem!r}): label {value!r} in column {column!r} is "
+            "not a string or an integer",
+            where,
+        )
+    if value is None or not str(value).strip():
+        raise ParquetInputError(
+            f"{where}: row {number} (key {stem!r}): the label column {column!r} is null or "
+            "empty; label every row, or name another column with --label-column",
+            where,
+        )
+    return str(value)
