@@ -50,3 +50,9 @@ def text_payload(sample: dict[str, Any]) -> dict[str, Any]:
 
 def returns_none(sample: dict[str, Any]) -> None:
     sample["png"] = b""
+
+
+def decodes_garbage(sample: dict[str, Any]) -> dict[str, Any]:
+    """Raises Pillow's UnidentifiedImageError, an OSError."""
+    Image.open(io.BytesIO(b"not an image"))
+    return sample
