@@ -15,9 +15,14 @@ Output bytes depend only on each task's input (a shard's samples in write
 order), never on which engine, process or node ran it, so every engine writes
 byte-identical shards.
 
-``open_engine("local" | "ray", ...)`` returns one as a context manager.
-Another engine (Dask, Spark) is one more module implementing :class:`Engine`;
-see docs/architecture.md.
+``open_engine(options)`` returns one as a context manager, opened by the entry of
+``ENGINE_OPENERS`` that ``options.name`` names. Another engine (Dask, Spark) is one more
+module implementing :class:`Engine` and one more entry; see docs/architecture.md.
+
+Every engine writes a shard by calling ``options.write_task`` with the shard's
+:class:`ShardTask` in its worker (:func:`~shardprep.engine.tasks.write_task` unless
+replaced). That is the seam tests use to inject faults: an opener registered in place of
+``local`` or ``ray`` that wraps the write task (tests/engine/faulty.py).
 """
 
 from __future__ import annotations
@@ -28,24 +33,25 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from shardprep.config import ENGINES
-from shardprep.engine.tasks import ShardTask, WriteContext
+from shardprep.engine.tasks import Progress, ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError
 from shardprep.write import ShardRecord
 
 __all__ = [
     "ENGINES",
+    "ENGINE_OPENERS",
     "Engine",
+    "EngineOpener",
     "EngineOptions",
     "ShardTask",
     "WriteContext",
+    "WriteTask",
     "open_engine",
+    "write_task",
 ]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-Progress = Callable[[int], None]
 
 
 class Engine(Protocol):
@@ -101,6 +107,26 @@ class EngineOptions:
     workers_given: bool = False  # False: the default (CPU count), not an explicit --workers
     ray_address: str | None = None  # ray: cluster to join (else RAY_ADDRESS, else a local one)
     stall_timeout: float = 1800.0  # write: seconds without progress before the build stops
+    write_task: WriteTask = write_task  # writes one shard in a worker (tests wrap it)
+
+
+EngineOpener = Callable[[EngineOptions], AbstractContextManager[Engine]]
+
+
+def _open_local(options: EngineOptions) -> AbstractContextManager[Engine]:
+    from shardprep.engine.local import LocalEngine
+
+    return LocalEngine.open(options)
+
+
+def _open_ray(options: EngineOptions) -> AbstractContextManager[Engine]:
+    from shardprep.engine.ray_engine import RayEngine  # Ray is imported by a Ray build only
+
+    return RayEngine.open(options)
+
+
+ENGINE_OPENERS: dict[str, EngineOpener] = {"local": _open_local, "ray": _open_ray}
+"""Engine name → the function that opens it; the names are ``ENGINES``."""
 
 
 def open_engine(options: EngineOptions) -> AbstractContextManager[Engine]:
@@ -109,12 +135,7 @@ def open_engine(options: EngineOptions) -> AbstractContextManager[Engine]:
     Raises:
         PlanError: an unknown engine name, or ``ray`` without Ray installed.
     """
-    if options.name == "local":
-        from shardprep.engine.local import LocalEngine
-
-        return LocalEngine.open(options)
-    if options.name == "ray":
-        from shardprep.engine.ray_engine import RayEngine
-
-        return RayEngine.open(options)
-    raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {options.name!r})")
+    opener = ENGINE_OPENERS.get(options.name)
+    if opener is None:
+        raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {options.name!r})")
+    return opener(options)

@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardprep.engine.faults import check_test_faults
-from shardprep.engine.tasks import WriteContext
+from shardprep.engine.tasks import WriteContext, WriteTask, write_task
 from shardprep.format.errors import StalledError, stalled
 from shardprep.storage import is_url
 from shardprep.workers import mp_context, worker_pool
@@ -40,9 +39,12 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, workers: int, stall_timeout: float = 1800.0) -> None:
+    def __init__(
+        self, workers: int, stall_timeout: float = 1800.0, write: WriteTask = write_task
+    ) -> None:
         self.workers = max(1, workers)
         self.stall_timeout = stall_timeout
+        self.write = write  # writes one shard (see shardprep.engine.tasks.WriteTask)
 
     @property
     def parallel(self) -> bool:
@@ -55,7 +57,7 @@ class LocalEngine:
     @contextmanager
     def open(cls, options: EngineOptions) -> Iterator[LocalEngine]:
         """The engine for ``options`` (an :class:`~shardprep.engine.EngineOptions`)."""
-        yield cls(options.workers, options.stall_timeout)
+        yield cls(options.workers, options.stall_timeout, options.write_task)
 
     def ordered_map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """``fn`` over ``items`` in worker processes; results in item order.
@@ -92,9 +94,11 @@ class LocalEngine:
             for shard in todo:
                 if admit is not None:
                     admit(0)
-                yield shard, context.write(shard, progress)
+                yield shard, self.write(context.task(shard), progress)
             return
-        yield from _write_parallel(context, todo, workers, progress, admit, self.stall_timeout)
+        yield from _write_parallel(
+            context, todo, workers, progress, admit, self.stall_timeout, self.write
+        )
 
 
 def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
@@ -122,20 +126,19 @@ class _Channel:
             self.written.value += n
 
 
-_worker_state: tuple[WriteContext, _Channel] | None = None  # set once per worker process
+_worker_state: tuple[WriteContext, _Channel, WriteTask] | None = None  # once per worker
 
 
-def _init_worker(context: WriteContext, channel: _Channel) -> None:
+def _init_worker(context: WriteContext, channel: _Channel, write: WriteTask) -> None:
     global _worker_state
-    _worker_state = (context, channel)
+    _worker_state = (context, channel, write)
 
 
 def _write_in_worker(shard: int) -> ShardRecord:
     if _worker_state is None:
         raise RuntimeError("worker used before _init_worker")
-    context, channel = _worker_state
-    check_test_faults(shard)
-    return context.write(shard, channel.count)
+    context, channel, write = _worker_state
+    return write(context.task(shard), channel.count)
 
 
 def _write_parallel(
@@ -145,6 +148,7 @@ def _write_parallel(
     progress: Callable[[int], None],
     admit: Callable[[int], None] | None = None,
     stall_timeout: float = 1800.0,
+    write: WriteTask = write_task,
 ) -> Generator[tuple[int, ShardRecord], None, None]:
     """Write shards ``todo`` over ``workers`` processes, ``workers`` shards at a time.
 
@@ -164,7 +168,7 @@ def _write_parallel(
     with worker_pool(
         workers,
         _init_worker,
-        (context, channel),
+        (context, channel, write),
         stop=channel.stop.set,
         context=mp,
         kill_on=(StalledError,),

@@ -32,8 +32,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardprep.engine.faults import TransientWriteError, check_test_faults, classify
-from shardprep.engine.tasks import ShardTask, WriteContext
+from shardprep.engine.faults import TransientWriteError, classify
+from shardprep.engine.tasks import ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
 from shardprep.write import ShardRecord
 
@@ -93,14 +93,10 @@ def _call(fn: Callable[[T], R], item: T) -> R:
     return fn(item)
 
 
-def _write(task: ShardTask) -> ShardRecord:
+def _write(task: ShardTask, write: WriteTask) -> ShardRecord:
     """Runs in a Ray worker: write one shard; a transient I/O error becomes retryable."""
     try:
-        try:
-            check_test_faults(task.index)
-        except OSError as err:
-            raise WriteError(f"shard {task.index}: {err}", task.index) from err
-        return task.run()
+        return write(task, None)
     except WriteError as err:
         raise classify(err, task.samples()) from err.__cause__
 
@@ -112,9 +108,12 @@ class RayEngine:
     parallel = True  # tasks run in Ray's worker processes
     shares_disk = False  # a cluster's nodes may not see this machine's scratch folder
 
-    def __init__(self, ray: Any, stall_timeout: float = 1800.0) -> None:
+    def __init__(
+        self, ray: Any, stall_timeout: float = 1800.0, write: WriteTask = write_task
+    ) -> None:
         self._ray = ray
         self.stall_timeout = stall_timeout
+        self.write = write  # writes one shard in a Ray worker (pickled into each task)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.window = max(2, 2 * cpus)  # tasks in flight
         self._call = ray.remote(max_retries=MAX_RETRIES)(_call)
@@ -132,7 +131,7 @@ class RayEngine:
         """
         ray = import_ray()
         if ray.is_initialized():
-            yield cls(ray, options.stall_timeout)
+            yield cls(ray, options.stall_timeout, options.write_task)
             return
         address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address is not None:
@@ -144,7 +143,7 @@ class RayEngine:
                 kwargs["num_cpus"] = options.workers
         ray.init(address=address, **kwargs)
         try:
-            yield cls(ray, options.stall_timeout)
+            yield cls(ray, options.stall_timeout, options.write_task)
         finally:
             ray.shutdown()
 
@@ -177,7 +176,7 @@ class RayEngine:
             for shard in queue:
                 if admit is not None:
                     admit(0)
-                pending[self._write.remote(context.task(shard))] = shard
+                pending[self._write.remote(context.task(shard), self.write)] = shard
                 if len(pending) >= self.window:
                     break
             moved = time.monotonic()
@@ -195,7 +194,9 @@ class RayEngine:
                     if next_shard is not None:
                         if admit is not None:
                             admit(0)
-                        pending[self._write.remote(context.task(next_shard))] = next_shard
+                        pending[self._write.remote(context.task(next_shard), self.write)] = (
+                            next_shard
+                        )
                     yield shard, record
         except BaseException:
             self._cancel(list(pending))

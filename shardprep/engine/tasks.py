@@ -9,11 +9,15 @@ and to pickle, no Python object per sample), and the output options. The
 task turns its columns into ``SampleRef``s where it runs. A task's output
 depends on nothing else, which is what makes the output byte-identical
 whatever engine, process or node runs it.
+
+Engines run every task through a :data:`WriteTask` (by default :func:`write_task`, which
+just runs it): the seam where a test wraps the write with fault hooks (tests/engine/faulty.py),
+so no production code reads a test-only switch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +29,9 @@ from shardprep.transform import SampleMap
 from shardprep.weighting import Selection
 from shardprep.write import ShardRecord, write_shard
 
-__all__ = ["ShardTask", "WriteContext"]
+__all__ = ["Progress", "ShardTask", "WriteContext", "WriteTask", "write_task"]
+
+Progress = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,14 @@ class WriteContext:
             self.transform,
         )
 
-    def write(self, shard: int, progress: Any = None) -> ShardRecord:
-        """Write shard ``shard`` here, in this process."""
-        return self.task(shard).run(progress)
+
+WriteTask = Callable[[ShardTask, Progress | None], ShardRecord]
+"""Writes one task in a worker, reporting samples to ``progress`` (None: no reports).
+
+A module-level function or an instance of a module-level class: the Ray engine pickles it
+into its tasks, and the local engine into spawned workers."""
+
+
+def write_task(task: ShardTask, progress: Progress | None = None) -> ShardRecord:
+    """The production :data:`WriteTask`: write the shard."""
+    return task.run(progress)

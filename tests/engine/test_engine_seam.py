@@ -15,12 +15,13 @@ import pytest
 
 import shardprep
 from shardprep.engine import EngineOptions, open_engine
-from shardprep.engine.faults import HOLD_LIMIT_S, TEST_FAULTS_ENV, TransientWriteError, classify
+from shardprep.engine.faults import TransientWriteError, classify
 from shardprep.engine.local import LocalEngine
 from shardprep.format.errors import InputError, PlanError, StalledError, WriteError
 from shardprep.inventory import PartRef, SampleRef
 from shardprep.scan import listing, scan
 from tests.conftest import write_class_folders
+from tests.engine.faulty import HOLD_LIMIT_S, faults_in
 from tests.processes import run_bounded
 
 
@@ -171,9 +172,7 @@ def test_ray_is_imported_only_by_a_ray_build() -> None:
     assert _imported_after((*modules, "shardprep.engine.ray_engine"), ("ray", "torch")) == []
 
 
-def test_a_hung_local_writer_is_killed_after_the_stall_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_hung_local_writer_is_killed_after_the_stall_timeout(tmp_path: Path) -> None:
     """Worker processes: a write that never returns stops the build with the shard named."""
     raw = write_class_folders(tmp_path / "raw", {"a": 30, "b": 20})
     reference = tmp_path / "reference"
@@ -181,10 +180,12 @@ def test_a_hung_local_writer_is_killed_after_the_stall_timeout(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "hold-2").touch()  # the test hook: shard 2's write waits for this file to go
-    monkeypatch.setenv(TEST_FAULTS_ENV, str(faults))
     out = tmp_path / "out"
     started = time.monotonic()
-    with pytest.raises(StalledError, match=r"shard 2: no progress for 1\.5 s") as caught:
+    with (
+        faults_in(faults),
+        pytest.raises(StalledError, match=r"shard 2: no progress for 1\.5 s") as caught,
+    ):
         shardprep.build(str(raw), str(out), shards=4, workers=2, stall_timeout=1.5, progress=False)
     # Killed, not waited for: the hook would hold the worker for HOLD_LIMIT_S (120 s).
     assert time.monotonic() - started < HOLD_LIMIT_S / 2
@@ -195,6 +196,32 @@ def test_a_hung_local_writer_is_killed_after_the_stall_timeout(
     (faults / "hold-2").unlink()
     shardprep.build(str(raw), str(out), shards=4, workers=2, resume=True, progress=False)
     assert _tree(out) == _tree(reference)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_local_engine_writes_through_the_write_task_it_is_given(
+    tmp_path: Path, workers: int
+) -> None:
+    """In this process (1 worker) and in worker processes: the test seam reaches every write."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 30, "b": 20})
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "deny-1").touch()  # every write of shard 1 fails with EACCES
+    options = {"shards": 4, "workers": workers, "progress": False}
+    with (
+        faults_in(faults),
+        pytest.raises(WriteError, match=r"^shard 1: .*injected lasting failure of shard 1") as err,
+    ):
+        shardprep.build(str(raw), str(tmp_path / "out"), **options)
+    assert err.value.shard_index == 1
+    attempts = [int(line) for line in (faults / "attempts").read_text().split()]
+    assert attempts.count(1) == 1 and set(attempts) <= {0, 1, 2, 3}
+    if workers == 1:
+        assert attempts == [0, 1]  # in shard order, and none after the failure
+    # Outside faults_in the production write task is back: the same build succeeds.
+    shardprep.build(str(raw), str(tmp_path / "out"), overwrite=True, **options)
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert (faults / "deny-1").exists()
 
 
 def test_stall_timeout_must_be_positive(tmp_path: Path) -> None:

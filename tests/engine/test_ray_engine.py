@@ -22,16 +22,17 @@ from pathlib import Path
 import pytest
 
 import shardprep
-from shardprep.engine.faults import TEST_FAULTS_ENV
 from shardprep.format.errors import StalledError, WriteError
 from shardprep.scan import listing
 from tests.conftest import payload, write_class_folders
+from tests.engine.faulty import faults_in
 
 ray = pytest.importorskip("ray")
 
 SHARDS = 8
 CLASSES = {"ant": 41, "bee": 23, "cat": 30, "dog": 9}
 DEADLINE_S = 90.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -87,14 +88,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
 
 @pytest.fixture(scope="module")
 def cluster(data: Data) -> Iterator[str]:
-    """The module's Ray instance (2 CPUs); its workers see the test-only fault folder."""
-    os.environ[TEST_FAULTS_ENV] = str(data.faults)
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-        del os.environ[TEST_FAULTS_ENV]
+    """The module's Ray instance (2 CPUs); the builds write through the test-only fault hooks."""
+    with faults_in(data.faults):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
 
 
 def test_class_folders_on_ray_are_byte_identical_to_local(data: Data, cluster: str) -> None:
@@ -178,13 +178,16 @@ def _wait_for_first_shard(driver: subprocess.Popen[bytes], out: Path) -> None:
 def test_ctrl_c_cancels_the_ray_tasks_and_resume_finishes(data: Data, cluster: str) -> None:
     out = data.base / "folders-ctrl-c"
     (data.faults / "hold-5").touch()  # shard 5 waits: the build cannot finish before Ctrl-C
-    command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
+    # the CLI, its writes through the fault hooks (tests/engine/faulty.py)
+    command = [sys.executable, "-m", "tests.engine.faulty", str(data.faults), "build"]
+    command += [str(data.class_folders), str(out)]
     command += ["-n", str(SHARDS), "--engine", "ray", "--ray-address", cluster]
     driver = subprocess.Popen(
         command,
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        cwd=ROOT,
         # Ctrl-C as in a terminal, even when pytest itself started with SIGINT ignored (a
         # background job of a non-interactive shell does, and the child would inherit it)
         preexec_fn=_default_sigint,
@@ -233,10 +236,17 @@ def test_a_killed_ray_driver_is_finished_with_resume(data: Data, cluster: str) -
     ray_tmp = tempfile.mkdtemp(prefix="sp-ray-", dir="/tmp")  # short: Ray's socket paths
     # TMPDIR: the killed driver's scratch folder stays in the test's tmp
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "TMPDIR": str(data.base)}
-    command = [sys.executable, "-m", "shardprep", "build", str(data.class_folders), str(out)]
+    # the CLI, its writes through the fault hooks (tests/engine/faulty.py)
+    command = [sys.executable, "-m", "tests.engine.faulty", str(data.faults), "build"]
+    command += [str(data.class_folders), str(out)]
     command += ["-n", str(SHARDS), "--engine", "ray", "--workers", "2", "-q"]
     driver = subprocess.Popen(
-        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        command,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
     )
     try:
         _wait_for_first_shard(driver, out)
