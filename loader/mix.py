@@ -61,7 +61,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import accumulate
+from functools import partial
+from itertools import accumulate, dropwhile, takewhile
 from typing import Any
 
 import numpy as np
@@ -69,10 +70,12 @@ import numpy as np
 from loader.core import ShardStream
 from loader.decode import make_decoder
 from loader.elastic import Pass
-from loader.errors import IncompatibleStateError
+from loader.errors import CorruptShardError, IncompatibleStateError
 from loader.order import SampleRange
 from loader.output import NumpyOutput, Output
+from loader.prefetch import piece_plan
 from loader.read import ShardReader
+from loader.shuffle import ErrorPolicy, piece_samples
 from loader.state import STATE_VERSION
 from loader.world import World
 from shardprep.format.classweights import apportion
@@ -428,40 +431,43 @@ class MixedStream:
     def items(
         self, epoch: int, world: World, skip: int, history: Sequence[Pass] = ()
     ) -> Iterator[Any]:
-        """Slot ``world.worker``'s batches of ``epoch`` after its first ``skip`` ones."""
+        """Slot ``world.worker``'s batches of ``epoch`` after its first ``skip`` ones.
+
+        Each source is read as ``ShardStream`` reads (``_SourceReads``): its reader, its
+        read-ahead and cache for a remote output, its error policy. A mixture's shuffle window
+        is its batch: the batch's samples, read in plan order, are emitted in a seeded order.
+        """
         _refuse_elastic(history)
         plan = self.plan(epoch, world.world_size)
         counts = self.counts(world.world_size)
-        cursors = [
-            _SourceCursor(s, epoch, world.world_size * m, world.rank * m)
-            for s, m in zip(self.sources, counts, strict=True)
-        ]
-        readers = [_LapReader(s) for s in self.sources]
-        decoders = [make_decoder(s.decode, s.allow_pickle, self.output.image) for s in self.sources]
         first = world.worker + skip * world.num_workers
+        reads = [
+            _SourceReads(
+                source,
+                i,
+                _SourceCursor(source, epoch, world.world_size * m, world.rank * m),
+                plan,
+                world.num_workers,
+                self.output.image,
+            )
+            for i, (source, m) in enumerate(zip(self.sources, counts, strict=True))
+        ]
         try:
             for j, row, starts in plan.batches(first, world.num_workers):
                 samples: list[Any] = []
                 for i, take in enumerate(row):
-                    if not take:
-                        continue
-                    decoder, transform = decoders[i], self.sources[i].transform
-                    for lap, piece in cursors[i].pieces(starts[i], starts[i] + take):
-                        chunk = readers[i].read(lap, piece)
-                        for k in range(len(chunk)):
-                            sample = chunk.sample(k)
-                            sample[SOURCE] = i
-                            if decoder is not None:
-                                sample = decoder(sample)
-                            samples.append(sample if transform is None else transform(sample))
+                    if take:
+                        samples.extend(reads[i].batch(j, starts[i], take))
+                if not samples:
+                    raise _all_skipped(j, reads)
                 order = derive_rng(self.seed, "mix-shuffle", epoch, world.rank, j).permutation(
                     len(samples)
                 )
                 position = {"epoch": epoch, "batch": j, "num_workers": world.num_workers}
                 yield self.output.collate([samples[k] for k in order], position)
         finally:
-            for reader in readers:
-                reader.close()
+            for source_reads in reads:
+                source_reads.close()
 
     # --- resume -------------------------------------------------------------------------
 
@@ -550,6 +556,10 @@ class _SourceCursor:
         self._order: list[SampleRange] = []
         self._ends: list[int] = []  # the lap's position after each block
 
+    def copy(self) -> _SourceCursor:
+        """The same positions with a cache of their own (for a walk ahead of the reads)."""
+        return _SourceCursor(self._source, self._epoch, self._per_epoch, self._offset)
+
     def pieces(self, begin: int, stop: int) -> Iterator[tuple[int, SampleRange]]:
         """Positions ``[begin, stop)`` of the rank's sequence of this source, as (lap, range)."""
         for lap, lo, hi in lap_ranges(
@@ -575,22 +585,84 @@ class _SourceCursor:
             b += 1
 
 
-class _LapReader:
-    """A source's reader for one lap at a time (class-weight draws differ per lap)."""
+class _SourceReads:
+    """One source's samples for one worker slot, read through the ``ShardStream`` stages.
 
-    def __init__(self, source: ShardStream) -> None:
-        self._source = source
-        self._lap: int | None = None
+    The slot's pieces of the source (its batches' positions, in the order they are consumed)
+    are read whole, in order, by ``ShardStream.reader`` with the ``piece_plan`` of those same
+    pieces: a remote source's reads are fetched ahead (and through its cache), the plan drawn
+    lazily from the batch plan (``O(sources)`` memory, no list of the epoch). One reader per
+    lap when the source has class weights (each lap draws its own), else one for all laps.
+    Unreadable samples follow the source's ``ReadOptions.on_error``: raised, or skipped with
+    a warning, the batch then short by them (``piece_samples``).
+    """
+
+    def __init__(
+        self,
+        source: ShardStream,
+        number: int,
+        positions: _SourceCursor,
+        plan: MixedPlan | PerSourcePlan,
+        step: int,
+        image: Any,
+    ) -> None:
+        self._source, self._number, self._positions = source, number, positions
+        self._plan, self._step = plan, step
+        self._decode = make_decoder(source.decode, source.allow_pickle, image)
+        self._policy = ErrorPolicy(source.read.on_error, source.read.max_consecutive_errors)
         self._reader: ShardReader | None = None
+        self._reader_lap: int | None = None
 
-    def read(self, lap: int, piece: SampleRange) -> Any:
-        reweighted = self._source.class_weights is not None
-        if self._reader is None or (reweighted and lap != self._lap):
+    def batch(self, j: int, start: int, take: int) -> list[dict[str, Any]]:
+        """The samples of batch ``j``: positions ``[start, start + take)`` (fewer if skipped)."""
+        note = f" (mixture source {self._number}: batch {j} comes out short by them)"
+        samples: list[dict[str, Any]] = []
+        transform = self._source.transform
+        for lap, piece in self._positions.pieces(start, start + take):
+            for sample in piece_samples([piece], self._reader_of(lap, j), self._policy, note):
+                sample[SOURCE] = self._number
+                if self._decode is not None:
+                    sample = self._decode(sample)
+                samples.append(sample if transform is None else transform(sample))
+        return samples
+
+    def _reader_of(self, lap: int, j: int) -> ShardReader:
+        """The reader of ``lap``'s pieces (made at batch ``j``, with its read plan from there)."""
+        lap = lap if self._source.class_weights is not None else 0  # one draw for every lap
+        if self._reader is None or lap != self._reader_lap:
             self.close()
-            self._reader, self._lap = self._source.reader(lap), lap
-        return self._reader.read(piece)
+            walk = partial(self._walk, j, lap)
+            self._reader, self._reader_lap = self._source.reader(lap, plan=piece_plan(walk)), lap
+        return self._reader
+
+    def _walk(self, j: int, lap: int) -> Iterator[SampleRange]:
+        """The pieces ``batch`` will read with ``lap``'s reader, from batch ``j`` on, in order."""
+        positions, i = self._positions.copy(), self._number
+        weighted = self._source.class_weights is not None
+        pieces: Iterator[tuple[int, SampleRange]] = (
+            (at, piece)
+            for _, row, starts in self._plan.batches(j, self._step)
+            if row[i]
+            for at, piece in positions.pieces(starts[i], starts[i] + row[i])
+        )
+        if weighted:  # laps only grow along the slot's batches: this lap's pieces, then stop
+            pieces = takewhile(lambda p: p[0] == lap, dropwhile(lambda p: p[0] < lap, pieces))
+        return (piece for _, piece in pieces)
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+    @property
+    def last_error(self) -> CorruptShardError | None:
+        return self._policy.last_error
+
+
+def _all_skipped(j: int, reads: Sequence[_SourceReads]) -> CorruptShardError:
+    """The error when every sample of batch ``j`` was unreadable and skipped."""
+    err = next((r.last_error for r in reads if r.last_error is not None), None)
+    if err is None:
+        return CorruptShardError(f"mixture batch {j} has no sample")
+    reason = f"every sample of mixture batch {j} is unreadable and skipped (last: {err.reason})"
+    return CorruptShardError.at(err.shard, err.key, err.offset, reason)

@@ -12,7 +12,7 @@ window it lands in. Memory is one window.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,15 @@ from shardprep.format.rng import derive_rng
 
 Sizes = Sequence[int] | npt.NDArray[np.int64]  # bytes per sample of a range
 
-__all__ = ["ErrorPolicy", "plan_windows", "sample_stream", "shuffled_windows", "window_order"]
+__all__ = [
+    "ErrorPolicy",
+    "piece_samples",
+    "plan_windows",
+    "read_piece",
+    "sample_stream",
+    "shuffled_windows",
+    "window_order",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +118,12 @@ class ErrorPolicy:
         self.consecutive = 0
         self.last_good: dict[str, Any] | None = None
         self.given: dict[str, Any] | None = None  # the last stand-in handed out for one sample
+        self.last_error: CorruptShardError | None = None
 
-    def failed(self, err: CorruptShardError, count: int, in_a_row: bool = True) -> None:
-        """Record that ``count`` samples are unreadable because of ``err``.
+    def failed(
+        self, err: CorruptShardError, count: int, in_a_row: bool = True, note: str = ""
+    ) -> None:
+        """Record that ``count`` samples are unreadable because of ``err`` (warned, with ``note``).
 
         ``in_a_row``: no readable sample came out since the previous failure.
 
@@ -123,7 +134,8 @@ class ErrorPolicy:
         if not self.skip:
             raise err
         self.consecutive = self.consecutive + 1 if in_a_row else 1
-        log.warning("skipping %d sample(s): %s", count, err)
+        self.last_error = err
+        log.warning("skipping %d sample(s)%s: %s", count, note, err)
         if self.consecutive > self.max_consecutive:
             raise CorruptShardError.at(
                 err.shard,
@@ -145,19 +157,56 @@ class ErrorPolicy:
         return {**self.last_good, "__padded__": True}
 
 
+def read_piece(
+    reader: ShardReader, piece: SampleRange, policy: ErrorPolicy, note: str = ""
+) -> Chunk | None:
+    """``reader.read(piece)``; ``None`` when the range is unreadable and ``policy`` skips it.
+
+    Raises:
+        CorruptShardError: the range is unreadable and the policy does not skip (or gives up).
+    """
+    try:
+        chunk = reader.read(piece)
+    except CorruptShardError as err:
+        policy.failed(err, len(piece), note=note)
+        return None
+    policy.consecutive = 0
+    return chunk
+
+
+def piece_samples(
+    pieces: Iterable[SampleRange], reader: ShardReader, policy: ErrorPolicy, note: str = ""
+) -> Iterator[dict[str, Any]]:
+    """The readable samples of ``pieces``, each piece read whole, in order (a mixture's batch).
+
+    An unreadable range, or a sample failing its checksum, raises; under
+    ``on_error="skip"`` it is left out with the policy's warning (naming the
+    shard and the sample key, then ``note``): no stand-in, so fewer samples come out.
+    """
+    for piece in pieces:
+        chunk = read_piece(reader, piece, policy, note)
+        if chunk is None:
+            continue
+        for j in range(len(chunk)):
+            try:
+                sample = chunk.sample(j)
+            except CorruptShardError as err:
+                policy.failed(err, 1, note=note)
+                continue
+            policy.consecutive = 0
+            yield sample
+
+
 def _read_window(
     window: list[SampleRange], reader: ShardReader, policy: ErrorPolicy
 ) -> list[Chunk | _Substitute]:
     chunks: list[Chunk | _Substitute | SampleRange] = []
     reader.start_window(window)
     for piece in window:
-        try:
-            chunk = reader.read(piece)
-        except CorruptShardError as err:
-            policy.failed(err, len(piece))
+        chunk = read_piece(reader, piece, policy)
+        if chunk is None:
             chunks.append(piece)
             continue
-        policy.consecutive = 0
         if policy.skip and policy.last_good is None:
             policy.last_good = _first_readable(chunk)
         chunks.append(chunk)
