@@ -2,7 +2,7 @@
 
 ``python -m tests.integration.iterable_samples memory OUT COUNT SIZE`` builds COUNT samples
 of SIZE bytes each from a generator and prints JSON: this process's peak RSS before and after
-the build and the peak RSS of its worker processes (``ru_maxrss``, KiB).
+the build (VmHWM) and the peak RSS of its worker processes (``ru_maxrss``), in KiB.
 
 ``python -m tests.integration.iterable_samples stall OUT COUNT STALL_AFTER OPTIONS_JSON``
 builds ``samples(COUNT)`` with every write worker stalled (as on a hung disk) once it has
@@ -50,6 +50,16 @@ def samples(count: int) -> Iterator[dict[str, Any]]:
         yield sample(i)
 
 
+def _peak_rss_kib() -> int:
+    """This process image's peak RSS (VmHWM: unlike ``ru_maxrss``, not carried over from the
+    process that exec-ed it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
 def _memory(out: str, count: int, size: int) -> None:
     import shardprep
     import shardprep.builder
@@ -59,9 +69,9 @@ def _memory(out: str, count: int, size: int) -> None:
         for i in range(count):
             yield {"__key__": f"b{i:05d}", "cls": i % 2, "bin": bytes([i % 251]) * size}
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_rss_kib()
     shardprep.build(big(), out, shards=4, workers=2, progress=False)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _peak_rss_kib()
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     print(json.dumps({"before_kib": before, "after_kib": after, "workers_kib": workers}))
 
