@@ -62,12 +62,13 @@ def spill_samples(
     folder: str,
     tick: Callable[[int], None] = lambda _n: None,
     reserved: frozenset[str] = frozenset(),
-    file_bytes: int = FILE_BYTES,
-    file_samples: int = FILE_SAMPLES,
+    file_bytes: int | None = None,
+    file_samples: int | None = None,
 ) -> Spilled:
     """Write every sample of ``samples`` into ``folder/iterable-NNNNN.tar``; ``tick(1)`` each.
 
     ``reserved`` are extensions the build adds itself (``weight`` with --weights-only).
+    A new file starts every ``file_bytes`` / ``file_samples`` (default FILE_BYTES / FILE_SAMPLES).
     Duplicate keys are left to the scan's check (bounded memory, any number of samples).
 
     Raises:
@@ -77,7 +78,7 @@ def spill_samples(
             after that sample is read.
         OSError: the folder's disk is full or unwritable (the caller turns it into advice).
     """
-    spill = _SpillFiles(folder, file_bytes, file_samples)
+    spill = _SpillFiles(folder, file_bytes or FILE_BYTES, file_samples or FILE_SAMPLES)
     labels = _LabelKind()
     try:
         for position, sample in enumerate(samples):

@@ -22,6 +22,7 @@ import shardprep
 from loader import ShardDataset
 from shardprep.builder import JOURNAL_NAME
 from shardprep.format.errors import InputError
+from shardprep.format.shardformat import decode_index
 from tests.integration.iterable_samples import CLASSES, class_of, sample, samples
 from tests.processes import run_bounded
 
@@ -264,3 +265,29 @@ def test_scratch_is_private_and_removed(tmp_path: Path, monkeypatch: pytest.Monk
     shardprep.build(watched(), str(tmp_path / "out"), shards=2, workers=1, progress=False)
     assert len(seen[0]) == 1 and seen[0][0].startswith("shardprep-build-")
     assert os.listdir(scratch) == []
+
+
+def test_ray_engine_on_this_machine_gives_the_local_tree(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--engine ray without a cluster address reads the spill from this machine's disk; a
+    spill of several tar files is scanned by several tasks."""
+    pytest.importorskip("ray")
+    import shardprep.scan.iterable as spill
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(spill, "FILE_SAMPLES", 64)  # 16 spill files, 16 scan tasks
+    on_ray, local = tmp_path / "ray", tmp_path / "local"
+    options: dict[str, Any] = {"shards": SHARDS, "workers": 2, "progress": False}
+    shardprep.build(samples(COUNT), str(on_ray), engine="ray", **options)
+    shardprep.build(samples(COUNT), str(local), **options)
+    assert _hashes(on_ray) == _hashes(local)
+    assert _shard_tars(on_ray) == _shard_tars(built)  # the split shows only in the sources
+    files = set()
+    for index in on_ray.glob("shard-*.idx"):
+        decoded = decode_index(index.read_bytes(), str(index))
+        blob, ends = bytes(decoded.source_blob), decoded.source_end.tolist()
+        files |= {
+            blob[a:b].decode().split(":")[0] for a, b in zip([0, *ends[:-1]], ends, strict=True)
+        }
+    assert files == {f"iterable-{n:05d}.tar" for n in range(16)}
