@@ -70,6 +70,8 @@ class ShardStream:
     agrees on the whole split without talking to the others.
     """
 
+    elastic = True  # a state saved at another world size or num_workers resumes (loader.elastic)
+
     def __init__(
         self,
         path: str,

@@ -2,7 +2,7 @@
 
 The stages are composed in ``loader.core.ShardStream`` (no torch); the torch
 side (rank, DataLoader workers, epochs, ``len``, ``state_after``/``resume``)
-is ``loader.torchlayer.TorchLayer``. The object is small and picklable: it
+is ``loader.torchlayer.TorchLayer``, which holds the stream (``ds.stream``). The object is small and picklable: it
 reads the manifest (and nothing else) in ``__init__``, opens shard files
 lazily inside each DataLoader worker, and resolves its rank when an epoch
 starts (``loader.world``), never earlier.
@@ -17,11 +17,12 @@ from loader.core import ShardStream
 from loader.options import ReadOptions
 from loader.torchlayer import TorchLayer
 from loader.torchoutput import TorchOutput
+from shardprep.format.manifest import Manifest
 
 __all__ = ["ShardDataset"]
 
 
-class ShardDataset(ShardStream, TorchLayer):
+class ShardDataset(TorchLayer):
     """Stream the samples of a shardprep output to one DDP rank and its DataLoader workers.
 
     With ``batch_size=B`` the dataset yields whole batches (``loader.batch.Batch``
@@ -92,8 +93,8 @@ class ShardDataset(ShardStream, TorchLayer):
         class_weights: str | None = None,
         resample: bool = True,
     ) -> None:
-        ShardStream.__init__(
-            self,
+        self.stream: ShardStream
+        stream = ShardStream(
             path,
             batch_size=batch_size,
             drop_last=drop_last,
@@ -111,6 +112,16 @@ class ShardDataset(ShardStream, TorchLayer):
             resample=resample,
             output=TorchOutput(),
         )
-        TorchLayer.__init__(self, rank, world_size)
+        super().__init__(stream, rank, world_size)
         if rank is not None and world_size is not None:
-            self.samples_per_rank(world_size)  # fails early if impossible
+            stream.samples_per_rank(world_size)  # fails early if impossible
+
+    @property
+    def manifest(self) -> Manifest:
+        """The output's manifest (read once, when the dataset was made)."""
+        return self.stream.manifest
+
+    @property
+    def total(self) -> int:
+        """Samples in one epoch of the whole dataset (after class-weight resampling)."""
+        return self.stream.total

@@ -16,7 +16,8 @@ steps ``S`` for all:
 Every rank of group ``g`` streams ``S * B`` samples per epoch, in ``S``
 full batches; within an epoch the ranks of a group stream disjoint samples
 as long as ``S * B * size_g <= T_g`` (always so with the default).
-Each group is a one-source ``MixedStream`` over the group's ranks.
+Each group is a one-source ``MixedStream`` over the group's ranks, so it reads
+as a mixture source does: read-ahead and cache for a URL, the source's ``on_error``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def group_of(rank: int, groups: Sequence[Sequence[int]]) -> tuple[int, int, int]
 
 class GroupedStream:
     """Each group of ranks reads its own dataset; all ranks take ``steps`` batches per epoch."""
+
+    elastic = False  # resumes at the world size and num_workers it was saved at only
 
     def __init__(
         self,

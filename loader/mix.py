@@ -51,6 +51,17 @@ for any ``j`` (prefix counts of the affine layout are floor sums);
 to ``j``. A batch's samples are found from its positions (laps, then the
 lap's block order, one order cached per source).
 
+**Reading.** Each source reads as a ``ShardStream`` does (``ShardStream.reader``):
+a worker slot's pieces of the source, in the order its batches consume them,
+are read whole by one reader per lap with class weights (one for all laps
+without), which for a remote source fetches them ahead and through the cache
+(``loader.prefetch.piece_plan``, drawn lazily from the batch plan). The
+source's ``ReadOptions.on_error`` applies: ``"skip"`` leaves an unreadable
+sample out with a warning (naming its shard, key, source and batch), and its
+batch comes out short by it: the other batches and every later position stay
+exactly the plan's, and a batch whose samples are all unreadable raises.
+A mixture's shuffle window is its batch (the samples are shuffled inside it).
+
 Every rank streams the same number of samples and batches; batch ``j`` of a
 rank is made by worker slot ``j % K`` as in ``ShardDataset``, so resume works
 the same way (at the same world size and ``num_workers``).
@@ -345,6 +356,8 @@ class MixedStream:
         ValueError: a weight that is negative, infinite or not a number (the
             message names it), weights all zero, or another bad argument.
     """
+
+    elastic = False  # resumes at the world size and num_workers it was saved at only
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from loader.torchoutput import TorchOutput
 __all__ = ["GroupedDataset", "MixedDataset"]
 
 
-class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
+class MixedDataset(TorchLayer):
     """Several shardprep outputs as one torch IterableDataset of batches (see ``loader.mix``).
 
     Use it as ``ShardDataset(batch_size=...)``: ``DataLoader(ds, batch_size=None)``,
@@ -21,8 +21,6 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
     world size and ``num_workers``) or torchdata's ``StatefulDataLoader``. Every
     sample carries ``__source__``, the index of its source.
     """
-
-    elastic = False
 
     def __init__(
         self,
@@ -37,8 +35,7 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        MixedStream.__init__(
-            self,
+        stream = MixedStream(
             sources,
             weights,
             batch_size=batch_size,
@@ -48,13 +45,11 @@ class MixedDataset(MixedStream, TorchLayer):  # type: ignore[misc]
             seed=seed,
             output=TorchOutput(),
         )
-        TorchLayer.__init__(self, rank, world_size)
+        super().__init__(stream, rank, world_size)
 
 
-class GroupedDataset(GroupedStream, TorchLayer):  # type: ignore[misc]
+class GroupedDataset(TorchLayer):
     """Each group of ranks reads its own output, with equal steps on every rank (``loader.groups``)."""
-
-    elastic = False
 
     def __init__(
         self,
@@ -66,12 +61,11 @@ class GroupedDataset(GroupedStream, TorchLayer):  # type: ignore[misc]
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        GroupedStream.__init__(
-            self,
+        stream = GroupedStream(
             groups,
             batch_size=batch_size,
             steps_per_epoch=steps_per_epoch,
             seed=seed,
             output=TorchOutput(),
         )
-        TorchLayer.__init__(self, rank, world_size)
+        super().__init__(stream, rank, world_size)

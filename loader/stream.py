@@ -4,8 +4,15 @@
 ``StatefulDataLoader`` checkpoints: it has ``state_dict()`` and
 ``load_state_dict()`` and is created before its first item is asked for
 (torchdata calls ``iter(dataset)``, restores the state, then iterates). The
-state is the worker's position, a few numbers (see ``loader.state``); nothing
-is read until the first ``next()``.
+state is the worker's position (``loader.state.ResumeState``, worker level);
+nothing is read until the first ``next()``.
+
+A restored state may come from another world size (a job restarted on fewer
+or more nodes, with the same ``num_workers``): each worker reports what it
+restored to the others (``loader.epochs.SharedProgress``), and at the first
+``next()`` the workers add up what the rank had consumed and stream the rest
+of the epoch re-split over the new world (``loader.elastic``), in the order
+torchdata will ask them.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.elastic import Pass
+from loader.epochs import Restored
 from loader.errors import IncompatibleStateError
-from loader.state import check_state, rank_resume
+from loader.state import ResumeState, rank_resume
 from loader.world import World
 
 if TYPE_CHECKING:
@@ -23,28 +31,27 @@ if TYPE_CHECKING:
 
 __all__ = ["EpochStream"]
 
-_POSITION = ("epoch", "slot", "yielded")
-
 
 class EpochStream:
     """Items (batches, or samples without a batch size) of one worker slot in one epoch."""
 
     def __init__(
         self,
-        dataset: TorchLayer,
+        layer: TorchLayer,
         epoch: int,
         world: World,
         counter: int | None,
         explicit: bool = False,
     ) -> None:
-        self._dataset = dataset
+        self._layer = layer
+        self._stream = layer.stream
         self._world = world  # .worker is the DataLoader worker id
         self._counter = counter  # whose epoch counter this pass advanced (None: main process)
         self._explicit = explicit  # the epoch was chosen by set_epoch for this pass
         self._epoch = epoch
         self._slot, self._yielded = world.worker, 0
         self._history: tuple[Pass, ...] = ()  # the epoch's earlier passes (elastic resume)
-        point = dataset.progress.resume_for(epoch)
+        point = layer.progress.resume_for(epoch)
         if point is not None:
             saved_world = point.world_size or world.world_size
             if (saved_world, point.num_workers) == (world.world_size, world.num_workers):
@@ -58,8 +65,9 @@ class EpochStream:
                     Pass(saved_world, point.num_workers, point.batches),
                 )
         self._items: Iterator[Any] | None = None
-        self._restored_at_end = False  # a torchdata state put this slot at its epoch's end
-        self._fingerprint = dataset.fingerprint(world.num_workers)  # state_dict() runs per batch
+        self._restored: Restored | None = None  # a torchdata state to settle at the first item
+        # state_dict() runs on every batch: the options part is computed once
+        self._options = self._stream.options_fingerprint(world.world_size, world.num_workers)
 
     @property
     def epoch(self) -> int:
@@ -70,56 +78,23 @@ class EpochStream:
         return self
 
     def __next__(self) -> Any:
-        if self._restored_at_end:
-            self._restored_at_end = False
-            self._start_next_epoch_if_complete()
+        if self._restored is not None:
+            self._settle_restore(self._restored)
+            self._restored = None
         if self._items is None:
             slot_world = World(
                 self._world.rank, self._world.world_size, self._slot, self._world.num_workers
             )
-            self._items = self._dataset.items(self._epoch, slot_world, self._yielded, self._history)
+            self._items = self._stream.items(self._epoch, slot_world, self._yielded, self._history)
         item = next(self._items)
         self._yielded += 1
         return item
 
-    def _start_next_epoch_if_complete(self) -> None:
-        """After a restore at this slot's end: if every slot was at its end, stream the next epoch.
-
-        Lightning saves a state on an epoch's last batch and never asks past
-        ``len()``, so torchdata restores it as unfinished; without this the
-        next epoch would yield nothing. torchdata resumes its worker rotation
-        after the worker that delivered the epoch's last batch, so with a
-        batch size worker ``d`` plays slot ``(d - last - 1) % num_workers``
-        and the batches of the new epoch still arrive as 0, 1, 2, ... (without
-        a batch size the DataLoader's batching is unknown here, and worker
-        ``d`` plays slot ``d``: the same samples, possibly interleaved differently).
-        """
-        num_workers = self._world.num_workers
-        slots = self._dataset.progress.restored_slots(self._epoch, num_workers)
-        if slots is None:
-            return  # other slots still have batches of this epoch
-        slot = self._world.worker
-        if self._dataset.batch_size is not None:
-            batches = sum(
-                self._dataset.items_per_slot(
-                    self._world.world_size, num_workers, self._history, self._epoch
-                )
-            )
-            last_worker = slots.index((batches - 1) % num_workers) if batches else -1
-            slot = (self._world.worker - last_worker - 1) % num_workers
-        self._epoch, self._slot, self._yielded = self._epoch + 1, slot, 0
-        self._history = ()
-        self._dataset.progress.continue_after(self._counter, self._epoch)
-
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON-able dict (torchdata calls it on every batch)."""
-        return {
-            **self._fingerprint,
-            "epoch": self._epoch,
-            "slot": self._slot,
-            "yielded": self._yielded,
-            "history": [list(p) for p in self._history],
-        }
+        return ResumeState(
+            self._options, self._epoch, self._history, slot=self._slot, yielded=self._yielded
+        ).as_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state_dict()``'s result; only before the first item.
@@ -127,30 +102,96 @@ class EpochStream:
         If ``set_epoch`` chose another epoch for this pass, it wins and the
         state is dropped (as ``set_epoch`` drops a pending ``resume()`` of
         another epoch): a trainer that names its epochs is never held in a
-        stale one. A state at this slot's end is reported to the other
-        workers, so that a complete epoch resumes into the next one
-        (``_start_next_epoch_if_complete``).
+        stale one. The state may come from another world size (elastic
+        resume, with a batch size); what it restored is reported to the other
+        workers, and settled at the first item (``_settle_restore``).
 
         Raises:
-            IncompatibleStateError: the state is from another build, options,
-                world size or number of workers.
+            IncompatibleStateError: the state is from another build, options
+                or number of workers, or from another world size where this
+                dataset cannot resume elastically.
         """
         if self._items is not None:
             raise RuntimeError("load_state_dict() must come before the stream's first item")
-        check_state(state, self._fingerprint, _POSITION)
-        if self._explicit and state["epoch"] != self._epoch:
-            return
-        if state["slot"] >= self._world.num_workers:
-            raise IncompatibleStateError.field_differs(
-                "slot", state["slot"], f"< {self._world.num_workers}"
+        elastic = self._stream.elastic and self._stream.batch_size is not None
+        saved = ResumeState.parse(state, self._options, elastic=elastic)
+        if saved.rank_level:
+            raise IncompatibleStateError(
+                "a state_after() state is resumed with ShardDataset.resume(state), not through "
+                "the DataLoader's load_state_dict",
+                field="batches",
             )
-        self._epoch, self._slot, self._yielded = (int(state[f]) for f in _POSITION)
-        self._history = tuple(Pass(*(int(v) for v in p)) for p in state.get("history", ()))
-        self._dataset.progress.continue_after(self._counter, self._epoch)
-        per_slot = self._dataset.items_per_slot(
-            self._world.world_size, self._world.num_workers, self._history, self._epoch
+        if saved.num_workers != self._world.num_workers:
+            raise IncompatibleStateError.field_differs(
+                "num_workers",
+                saved.num_workers,
+                self._world.num_workers,
+                "pass the StatefulDataLoader state to ShardDataset.resume(state) instead, and "
+                "iterate a new StatefulDataLoader without load_state_dict",
+            )
+        if self._explicit and saved.epoch != self._epoch:
+            return
+        slot, yielded = int(saved.slot or 0), int(saved.yielded or 0)
+        if slot >= self._world.num_workers:
+            raise IncompatibleStateError.field_differs("slot", slot, f"< {self._world.num_workers}")
+        self._epoch, self._history = saved.epoch, saved.history
+        self._layer.progress.continue_after(self._counter, self._epoch)
+        per_slot = self._stream.items_per_slot(
+            saved.world_size, self._world.num_workers, self._history, self._epoch
         )
-        self._restored_at_end = self._yielded >= per_slot[self._slot]
-        self._dataset.progress.report_restored(
-            self._world.worker, self._epoch, self._slot, self._restored_at_end
-        )
+        if yielded > per_slot[slot]:
+            raise IncompatibleStateError.field_differs("yielded", yielded, f"<= {per_slot[slot]}")
+        self._slot, self._yielded = slot, yielded
+        restored = Restored(slot, yielded, yielded >= per_slot[slot], saved.world_size)
+        self._layer.progress.report_restored(self._world.worker, self._epoch, restored)
+        if restored.at_end or saved.world_size != self._world.world_size:
+            self._restored = restored
+
+    def _settle_restore(self, mine: Restored) -> None:
+        """At the first item after a restore: what the rank had consumed decides where to go on.
+
+        Every worker's report is read (torchdata restores them all before it
+        asks any for data). ``T``, the items the rank had consumed in the
+        pass, is the sum of what the slots had yielded. torchdata asks next
+        the worker after the one that delivered item ``T - 1``; so worker
+        ``d`` plays slot ``(d - last - 1) % K`` of what comes next and the
+        items still arrive in order 0, 1, 2, ...:
+
+        * at the same world size, if every slot was at its end (Lightning
+          saves on an epoch's last batch and never asks past ``len()``), the
+          next epoch; otherwise nothing changes;
+        * at another world size, the rest of the pass re-split over this
+          world (one more pass in ``history``), or the next epoch if the
+          pass was complete.
+
+        Without a batch size the DataLoader's batching is unknown here and
+        worker ``d`` plays slot ``d``: the same samples, possibly
+        interleaved differently.
+        """
+        num_workers = self._world.num_workers
+        reports = self._layer.progress.restored(self._epoch, num_workers)
+        consumed = sum(r.yielded for r in reports)
+        if mine.world_size == self._world.world_size:
+            if not all(r.at_end for r in reports):
+                return  # other slots still have items of this epoch
+            history: tuple[Pass, ...] = ()
+            epoch = self._epoch + 1
+        else:
+            history = (*self._history, Pass(mine.world_size, num_workers, consumed))
+            if not consumed and not self._history:
+                history = ()  # nothing consumed: the new world's normal epoch
+            length = sum(
+                self._stream.items_per_slot(
+                    mine.world_size, num_workers, self._history, self._epoch
+                )
+            )
+            epoch = self._epoch
+            if consumed >= length:  # the pass, hence the epoch, was complete
+                history, epoch = (), self._epoch + 1
+        slot = self._world.worker
+        if self._stream.batch_size is not None and consumed:
+            slots = [r.slot for r in reports]
+            last_worker = slots.index((consumed - 1) % num_workers)
+            slot = (self._world.worker - last_worker - 1) % num_workers
+        self._epoch, self._slot, self._yielded, self._history = epoch, slot, 0, history
+        self._layer.progress.continue_after(self._counter, self._epoch)

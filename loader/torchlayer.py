@@ -11,7 +11,7 @@ in shared memory (``loader.epochs``); and it gives ``len()``, ``set_epoch``,
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 # torch's DataLoader worker loop seeds numpy.random in every worker it starts (every epoch,
 # unless persistent_workers): imported here, in the parent, the forked workers inherit it
@@ -25,47 +25,67 @@ from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.guards import check_not_rebatched, check_not_resplit
 from loader.lifeline import watch_trainer
-from loader.state import Position, check_state, next_position
+from loader.state import Position, ResumeState, next_position, parse_history, rank_state
 from loader.stream import EpochStream
 from loader.world import World, resolve_rank, worker_info
 
-__all__ = ["TorchLayer"]
+__all__ = ["Stream", "TorchLayer"]
 
 
-class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    """The torch side of a dataset; the core stream it is mixed into provides the methods below."""
+class Stream(Protocol):
+    """What the torch layer needs of a core stream (``ShardStream``, ``MixedStream``, ...)."""
 
-    batch_size: int | None
-    elastic = True  # resume() accepts another world size or num_workers
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per item, or None for single samples."""
+        ...
 
-    def __init__(self, rank: int | None, world_size: int | None) -> None:
-        super().__init__()
-        if rank is not None or world_size is not None:
-            resolve_rank(rank, world_size)  # validates an explicit pair now
-        self._rank_override = (rank, world_size)
-        self._inherited_rank: tuple[int, int] | None = None
-        self.progress = SharedProgress()
-
-    # --- provided by the core stream ----------------------------------------------------
+    @property
+    def elastic(self) -> bool:
+        """Whether a state saved at another world size or ``num_workers`` can be resumed."""
+        ...
 
     def samples_per_rank(self, world_size: int) -> int:
-        raise NotImplementedError
+        """Samples every rank receives per epoch."""
+        ...
 
     def batches_per_rank(self, world_size: int) -> int:
-        raise NotImplementedError
+        """Batches every rank yields per epoch."""
+        ...
 
     def items_per_slot(
         self, world_size: int, num_workers: int, history: Sequence[Pass] = (), epoch: int = 0
     ) -> list[int]:
-        raise NotImplementedError
+        """Items each worker slot yields in a pass."""
+        ...
 
     def items(
         self, epoch: int, world: World, skip: int, history: Sequence[Pass] = ()
     ) -> Iterator[Any]:
-        raise NotImplementedError
+        """Slot ``world.worker``'s items of ``epoch`` after its first ``skip``."""
+        ...
 
     def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """The options a resume state must share with this run."""
+        ...
+
+
+class TorchLayer(torch.utils.data.IterableDataset[Any]):
+    """The torch side of a dataset: it holds a core ``Stream`` and finds the world it runs in."""
+
+    def __init__(self, stream: Stream, rank: int | None, world_size: int | None) -> None:
+        super().__init__()
+        if rank is not None or world_size is not None:
+            resolve_rank(rank, world_size)  # validates an explicit pair now
+        self.stream = stream
+        self._rank_override = (rank, world_size)
+        self._inherited_rank: tuple[int, int] | None = None
+        self.progress = SharedProgress()
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch the dataset yields (None: single samples)."""
+        return self.stream.batch_size
 
     # --- world, epoch and length ----------------------------------------------------
 
@@ -99,7 +119,7 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
     @property
     def num_samples(self) -> int:
         """Samples every rank receives per epoch (before a ``drop_last`` of its last batch)."""
-        return self.samples_per_rank(self.world_size)
+        return self.stream.samples_per_rank(self.world_size)
 
     def __len__(self) -> int:
         """Batches every rank yields per epoch (needs ``batch_size``).
@@ -115,7 +135,7 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 "ShardDataset(..., batch_size=B) with DataLoader(ds, batch_size=None), or "
                 "ds.num_samples for the per-rank sample count"
             )
-        return self.batches_per_rank(self.world_size)
+        return self.stream.batches_per_rank(self.world_size)
 
     # --- iteration ----------------------------------------------------------------
 
@@ -136,7 +156,7 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def fingerprint(self, num_workers: int) -> dict[str, Any]:
         """The options a resume state must share with this run (they fix the order)."""
-        return self.options_fingerprint(self.world_size, num_workers)
+        return self.stream.options_fingerprint(self.world_size, num_workers)
 
     def state_after(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The resume state once ``batch`` (one this dataset yielded) has been trained on.
@@ -164,12 +184,12 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
                 f"{POSITION!r}); without a batch size, resume through torchdata's "
                 "StatefulDataLoader"
             )
-        return {
-            **self.fingerprint(int(position["num_workers"])),
-            "epoch": int(position["epoch"]),
-            "batches": int(position["batch"]) + 1,
-            "history": [[int(v) for v in p] for p in position.get("history", ())],
-        }
+        return ResumeState(
+            self.fingerprint(int(position["num_workers"])),
+            int(position["epoch"]),
+            parse_history(position.get("history", [])),
+            batches=int(position["batch"]) + 1,
+        ).as_dict()
 
     def next_position(self, state: Mapping[str, Any]) -> Position:
         """Where a loop resumed from ``state`` continues: ``(epoch, batch)``.
@@ -185,88 +205,73 @@ class TorchLayer(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
         """
 
         def pass_items(epoch: int, world_size: int, num_workers: int) -> int:
-            history = _history(state.get("history", [])) if "batches" in state else ()
-            return sum(self.items_per_slot(world_size, num_workers, history, epoch))
+            history = parse_history(state.get("history", [])) if "batches" in state else ()
+            return sum(self.stream.items_per_slot(world_size, num_workers, history, epoch))
 
         return next_position(state, pass_items)
 
     def resume(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_after`'s result: the next pass streams the rest of that epoch.
+        """Continue from a saved state: the next pass streams the rest of that epoch.
 
-        Call it before iterating the DataLoader (it reaches persistent workers
-        too). The epochs after it follow as usual. A state saved on an epoch's
-        last batch makes the next pass the following epoch.
+        ``state`` is :meth:`state_after`'s result or a torchdata
+        ``StatefulDataLoader.state_dict()`` (its workers' positions add up to
+        the rank's, ``loader.state.rank_state``). Call it before iterating the
+        DataLoader (it reaches persistent workers too); with a
+        StatefulDataLoader state, iterate a new StatefulDataLoader without
+        calling its ``load_state_dict``. The epochs after it follow as usual.
+        A state saved on an epoch's last batch makes the next pass the
+        following epoch.
 
         The world may differ from the one the state was saved at (another
         world size, another ``num_workers``): the samples of the epoch not yet
         consumed are then re-split over the new world (``loader.elastic``), and
         the next epochs are the new world's normal ones. Every rank must call
-        ``resume`` with the same state (``state_after`` gives the same on all).
+        ``resume`` with the same state (``state_after`` gives the same on all;
+        a StatefulDataLoader's state is the same on all ranks of a DDP job).
 
         Raises:
             IncompatibleStateError: the state is from another build, seed,
                 option set or batch size; or it is past the pass's end.
         """
-        if not isinstance(state, Mapping) or not isinstance(state.get("num_workers"), int):
-            raise IncompatibleStateError("cannot resume: not a state from ShardDataset.state_after")
-        saved_world = state.get("world_size")
-        if not isinstance(saved_world, int) or saved_world < 1 or state["num_workers"] < 1:
-            raise IncompatibleStateError.field_differs("world_size", saved_world, "a positive int")
-        if not self.elastic and saved_world != self.world_size:
+        current = self.stream.options_fingerprint(self.world_size, 1)
+        if isinstance(state, Mapping) and "batches" in state:
+            saved = ResumeState.parse(state, current, elastic=True)
+        else:
+            saved = rank_state(state, current)
+        if not self.stream.elastic and saved.world_size != self.world_size:
             raise IncompatibleStateError.field_differs(
                 "world_size",
-                saved_world,
+                saved.world_size,
                 self.world_size,
                 f"a {type(self).__name__} resumes at the same world size only",
             )
-        check_state(
-            state,
-            self.options_fingerprint(saved_world, state["num_workers"]),
-            ("epoch", "batches"),
-        )
-        history = _history(state.get("history", []))
-        epoch, batches = int(state["epoch"]), int(state["batches"])
         if self.batch_size is None:
-            raise IncompatibleStateError.field_differs("batch_size", None, state["batch_size"])
-        length = sum(self.items_per_slot(saved_world, state["num_workers"], history, epoch))
+            raise IncompatibleStateError.field_differs(
+                "batch_size", None, saved.options["batch_size"]
+            )
+        epoch, batches = saved.epoch, int(saved.batches or 0)
+        length = sum(
+            self.stream.items_per_slot(saved.world_size, saved.num_workers, saved.history, epoch)
+        )
         if batches > length:
             raise IncompatibleStateError.field_differs("batches", batches, f"at most {length}")
         if batches == length:  # the pass, hence the epoch, was complete
             self.set_epoch(epoch + 1)
             return
-        if batches == 0 and not history:  # nothing consumed: the new world's normal epoch
+        if batches == 0 and not saved.history:  # nothing consumed: the new world's normal epoch
             self.set_epoch(epoch)
             return
         self.progress.set_resume(
-            ResumePoint(epoch, batches, int(state["num_workers"]), saved_world, history)
+            ResumePoint(epoch, batches, saved.num_workers, saved.world_size, saved.history)
         )
 
     # --- pickling (DataLoader workers) -------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_worker_arena", None)  # a DataLoader worker's own; never crosses processes
-        state.pop("_recycler", None)  # the main process's batch buffers: they stay there
         # A spawned or forkserver worker has no process group: hand it the rank resolved here.
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             state["_inherited_rank"] = (dist.get_rank(), dist.get_world_size())
         return state
-
-
-def _history(value: Any) -> tuple[Pass, ...]:
-    """The ``history`` of a state as passes, checked."""
-    if not isinstance(value, Sequence) or not all(
-        isinstance(p, Sequence)
-        and len(p) == 3
-        and all(isinstance(v, int) for v in p)
-        and p[0] >= 1
-        and p[1] >= 1
-        and p[2] >= 0
-        for p in value
-    ):
-        raise IncompatibleStateError.field_differs(
-            "history", value, "a list of [world_size, num_workers, batches]"
-        )
-    return tuple(Pass(*p) for p in value)

@@ -55,3 +55,40 @@ def elastic_pass(
             [str(k) for k in b["__key__"]] for b in _loader(ds, workers) if _step() is None
         ]
     return result
+
+
+def stateful_pass(
+    rank: int,
+    world_size: int,
+    out: str,
+    workers: int,
+    stop: int | None = None,
+    state: dict[str, Any] | None = None,
+    how: str = "resume",
+) -> dict[str, Any]:
+    """Epoch 0 through torchdata's StatefulDataLoader until ``stop`` batches (its state_dict() is
+    the result's state), or the rest of it from a saved ``state``: ``how="load"`` through the
+    loader's ``load_state_dict`` (Lightning's way), ``"resume"`` through ``ds.resume(state)``."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = ShardDataset(out, **OPTIONS)
+    if state is not None and how == "resume":
+        ds.resume(state)
+    context = "forkserver" if workers else None
+    loader = StatefulDataLoader(
+        ds, batch_size=None, num_workers=workers, multiprocessing_context=context
+    )
+    if state is not None and how == "load":
+        loader.load_state_dict(state)
+    result: dict[str, Any] = {"batches": [], "positions": [], "state": None}
+    for step, batch in enumerate(loader):
+        _step()
+        result["batches"].append([str(k) for k in batch["__key__"]])
+        result["positions"].append(int(batch["__position__"]["batch"]))
+        if stop is not None and step + 1 == stop:
+            result["state"] = loader.state_dict()
+            break
+    steps = torch.tensor([len(result["batches"])])
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    assert int(steps.item()) == len(result["batches"]), "ranks took different numbers of steps"
+    return result

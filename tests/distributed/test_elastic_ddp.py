@@ -9,7 +9,7 @@ import pytest
 
 from loader.core import ShardStream
 from loader.elastic import pass_share
-from tests.distributed.elastic_ranks import OPTIONS, elastic_pass
+from tests.distributed.elastic_ranks import OPTIONS, elastic_pass, stateful_pass
 from tests.distributed.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -56,3 +56,33 @@ def test_elastic_resume_on_real_ranks(
         ]  # fmt: skip
         expected = [per_slot[i % slots][i // slots] for i in range(sum(map(len, per_slot)))]
         assert r["next"] == expected
+
+
+def test_statefuldataloader_states_resume_at_other_worlds_on_real_ranks(
+    built: Path, tmp_path: Path
+) -> None:
+    """torchdata states saved at 4 ranks x 2 workers, resumed at 3 x 1 and 2 x 0 (through
+    ds.resume: torchdata restores its own num_workers only) and at 3 x 2 (through the
+    StatefulDataLoader's own load_state_dict): every sample of the epoch once, equal steps."""
+    total, out, stop = 103, str(built), 2
+    (tmp_path / "old").mkdir()
+    first = run_ranks(stateful_pass, 4, tmp_path / "old", out=out, workers=2, stop=stop)
+    before = [k for r in first for b in r["batches"] for k in b]
+    assert len(before) == 4 * stop * OPTIONS["batch_size"] and len(set(before)) == len(before)
+    assigned = total - total % 4  # uneven="drop"
+    rest = assigned - len(before)
+    for world, workers, how in ((3, 1, "resume"), (2, 0, "resume"), (3, 2, "load")):
+        folder = tmp_path / f"new-{world}x{workers}-{how}"
+        folder.mkdir()
+        second = run_ranks(
+            stateful_pass, world, folder, out=out, workers=workers, state=first[0]["state"],
+            how=how,
+        )  # fmt: skip
+        after = [k for r in second for b in r["batches"] for k in b]
+        share = pass_share(rest, world, "drop")
+        assert [sum(map(len, r["batches"])) for r in second] == [share] * world
+        real = Counter(before + after)
+        assert max(real.values()) == 1, f"a sample was streamed twice ({world} x {workers})"
+        assert len(real) == assigned - (rest - share * world)
+        for r in second:  # the batches arrive in their order, whatever the new num_workers
+            assert r["positions"] == list(range(len(r["positions"])))

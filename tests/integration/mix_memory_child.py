@@ -45,7 +45,7 @@ def main(first: str, second: str, samples: int, batching: str) -> dict[str, obje
         "samples": samples,
         "batching": batching,
         "len": batches,
-        "counts": ds.counts(1),
+        "counts": ds.stream.counts(1),
         "first_batch_s": first_batch_s,
         "resume_at": at,
         "resumed": after,

@@ -146,7 +146,7 @@ def test_in_process_batches_kept_or_freed_keep_their_bytes(big: Path) -> None:
             if i % 3 == 0:
                 kept[epoch, i] = batch
             del batch
-    assert len(ds.output._recycler._free) > 0  # buffers were handed back and reused
+    assert len(ds.stream.output._recycler._free) > 0  # buffers were handed back and reused
     for where, batch in kept.items():
         assert batch["bin"].tolist() == reference[where], where
 

@@ -115,18 +115,66 @@ def test_a_resumed_pass_can_be_interrupted_and_resumed_again(built: Path) -> Non
     assert len(set(rest) | {k for k, _ in seen + second}) == 102  # all 102 once
 
 
-def test_torchdata_states_stay_in_their_world(built: Path) -> None:
-    pytest.importorskip("torchdata")
+def _torchdata_interrupted(out: Path, world: int, workers: int, stop: int) -> tuple[list[str], list[dict[str, Any]]]:  # fmt: skip
+    """Every rank trains ``stop`` batches of epoch 0 through a StatefulDataLoader; seen keys, states."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    ds = ShardDataset(str(built), rank=0, world_size=2, **OPTIONS)
-    loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    other = StatefulDataLoader(
-        ShardDataset(str(built), rank=0, world_size=3, **OPTIONS), batch_size=None, num_workers=0
-    )
-    other.load_state_dict(state)
-    with pytest.raises(IncompatibleStateError, match=r"world_size.*state_after"):
-        next(iter(other))
+    seen, states = [], []
+    for rank in range(world):
+        ds = ShardDataset(str(out), rank=rank, world_size=world, **OPTIONS)
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+        for step, batch in enumerate(loader):
+            seen += [str(k) for k in batch["__key__"]]
+            if step + 1 == stop:
+                states.append(loader.state_dict())
+                break
+        del loader
+    return seen, states
+
+
+@pytest.mark.parametrize(("old", "new"), [((2, 2), (3, 2)), ((3, 0), (2, 0)), ((2, 2), (1, 2))])
+def test_a_torchdata_state_resumes_at_another_world_size_through_load_state_dict(
+    built: Path, old: tuple[int, int], new: tuple[int, int]
+) -> None:
+    """A StatefulDataLoader state (as Lightning checkpoints it) loaded by a StatefulDataLoader at
+    another world size with the same num_workers: the rest of the epoch, once each, in batch order,
+    the same as ds.resume(state_after) gives; then the new world's normal epoch 1."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    stop = 5
+    seen, states = _torchdata_interrupted(built, *old, stop)
+    _, reference_state = _interrupted(built, old[0], old[1], stop, "drop")
+    expected, _ = _resumed(built, *new, reference_state, "drop")
+    for rank in range(new[0]):
+        ds = ShardDataset(str(built), rank=rank, world_size=new[0], **OPTIONS)
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=new[1])
+        loader.load_state_dict(states[0])  # every rank loads rank 0's state (Lightning's)
+        batches = list(loader)
+        assert [_pairs(b) for b in batches] == expected[rank]
+        assert [b["__position__"]["batch"] for b in batches] == list(range(len(batches)))
+        fresh = ShardDataset(str(built), rank=rank, world_size=new[0], **OPTIONS)
+        fresh.set_epoch(1)
+        assert [_pairs(b) for b in loader] == [_pairs(b) for b in _loader(fresh, new[1])]
+    after = [k for r in expected for b in r for k, _ in b]
+    real = Counter(seen + after)
+    assert max(real.values()) == 1, "a sample was streamed twice in the epoch"
+    assert len(seen) == old[0] * stop * OPTIONS["batch_size"]
+
+
+def test_a_torchdata_state_at_another_num_workers_goes_through_resume(built: Path) -> None:
+    """torchdata restores its own num_workers only: the state is refused by name there, and
+    ds.resume(loader_state) with a fresh StatefulDataLoader does the re-split instead."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    seen, states = _torchdata_interrupted(built, 2, 2, 3)
+    _, reference_state = _interrupted(built, 2, 2, 3, "drop")
+    expected, _ = _resumed(built, 3, 1, reference_state, "drop")
+    for rank in range(3):
+        ds = ShardDataset(str(built), rank=rank, world_size=3, **OPTIONS)
+        ds.resume(states[0])
+        batches = [_pairs(b) for b in StatefulDataLoader(ds, batch_size=None, num_workers=1)]
+        assert batches == expected[rank]
+    stream = iter(ShardDataset(str(built), rank=0, world_size=2, **OPTIONS))
+    worker_state = states[0]["_snapshot"]["_worker_snapshots"]["worker_0"]["fetcher_state"]
+    with pytest.raises(IncompatibleStateError, match=r"num_workers.*ShardDataset.resume"):
+        stream.load_state_dict(worker_state["dataset_iter_state"])  # saved with 2, here 1

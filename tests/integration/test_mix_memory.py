@@ -65,4 +65,4 @@ def test_past_2_to_the_53_samples_is_refused_by_name(built: Path) -> None:
         MixedDataset([str(built)], [1], batch_size=4, samples_per_epoch=MAX_SAMPLES_PER_EPOCH + 1)
     top = MixedDataset([str(built)], [1], batch_size=4, samples_per_epoch=MAX_SAMPLES_PER_EPOCH,
                        rank=0, world_size=1)  # fmt: skip
-    assert top.counts(1) == [2**53] and len(top) == 2**51
+    assert top.stream.counts(1) == [2**53] and len(top) == 2**51

@@ -94,7 +94,7 @@ def test_check_state_names_the_field() -> None:
 
 
 def test_shared_progress_counts_epochs_per_slot_and_set_epoch_wins() -> None:
-    from loader.epochs import ResumePoint, SharedProgress
+    from loader.epochs import Restored, ResumePoint, SharedProgress
 
     progress = SharedProgress()
     assert [progress.claim(0), progress.claim(0), progress.claim(None)] == [
@@ -111,9 +111,10 @@ def test_shared_progress_counts_epochs_per_slot_and_set_epoch_wins() -> None:
     assert progress.resume_for(2) is None
     # restore reports: every worker at its end of epoch 4 -> complete; one missing -> refused
     for worker, slot in ((0, 1), (1, 0)):
-        progress.report_restored(worker, 4, slot, exhausted=True)
-    assert progress.restored_slots(4, 2) == [1, 0]
-    progress.report_restored(1, 4, 0, exhausted=False)
-    assert progress.restored_slots(4, 2) is None
+        progress.report_restored(worker, 4, Restored(slot, 3, True, 2))
+    assert progress.restored(4, 2) == [Restored(1, 3, True, 2), Restored(0, 3, True, 2)]
+    progress.report_restored(1, 4, Restored(0, 2, False, 3))
+    assert [r.at_end for r in progress.restored(4, 2)] == [True, False]
+    assert progress.restored(4, 2)[1] == Restored(0, 2, False, 3)
     with pytest.raises(RuntimeError, match="not every DataLoader worker"):
-        progress.restored_slots(4, 3)
+        progress.restored(4, 3)
