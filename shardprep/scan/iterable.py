@@ -40,7 +40,7 @@ from shardprep.keys import is_valid_key
 __all__ = ["FILE_BYTES", "FILE_SAMPLES", "Spilled", "spill_samples"]
 
 FILE_BYTES = 256 << 20  # a new spill tar after this many bytes: the scan reads them in parallel
-FILE_SAMPLES = 100_000  # ... or after this many samples
+FILE_SAMPLES = 16_384  # ... or after this many samples (a scan task per file: ~1 s each)
 KEY_FIELD = "__key__"
 LABEL_FIELD = "cls"
 _EXT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
