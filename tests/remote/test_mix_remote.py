@@ -176,3 +176,35 @@ def test_skip_in_a_remote_mixture_leaves_the_batch_short_and_warns_once(
     ), warnings
     # the same again: deterministic
     assert _batches(make(damaged, uploaded["zstd"], _read(s3, proxy, on_error="skip"))) == got
+
+
+def test_remote_rank_groups_read_ahead_and_give_the_local_batches(
+    s3: S3Server,
+    proxy: Proxy,
+    uploaded: dict[str, str],
+    built: Path,
+    built_zstd: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from loader.groups import GroupedStream
+
+    def make(tar: str, zstd: str, read: ReadOptions | None = None) -> GroupedStream:
+        sources = [ShardStream(tar, read=read), ShardStream(zstd, read=read)]
+        return GroupedStream(list(zip(sources, [[0], [1, 2]], strict=True)), batch_size=8,
+                             steps_per_epoch=30)  # fmt: skip
+
+    def keys(grouped: GroupedStream) -> list[list[list[str]]]:
+        return [[b["__key__"].tolist() for b in grouped.iterate(1, rank=r)] for r in range(3)]
+
+    local = keys(make(str(built), str(built_zstd)))
+    assert [len(r) for r in local] == [30, 30, 30]
+    before = len(proxy.requests)
+    with caplog.at_level(logging.WARNING, logger="loader.prefetch"):
+        assert keys(make(uploaded["tar"], uploaded["zstd"], _read(s3, proxy))) == local
+    assert not [r for r in caplog.records if "not the planned" in r.getMessage()]
+    middle = len(proxy.requests)
+    assert (
+        keys(make(uploaded["tar"], uploaded["zstd"], _read(s3, proxy, read_ahead_bytes=0))) == local
+    )
+    data = (".tar", ".tar.zst")
+    assert 3 * gets(proxy, before, data, until=middle) <= gets(proxy, middle, data)
