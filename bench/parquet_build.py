@@ -12,8 +12,9 @@ SHARDS shards of it, in its own process, in interleaved rounds:
 * MDS: one ``MDSWriter`` fed row by row from ``ParquetFile.iter_batches`` (MDSWriter
   is a single writer), ``size_limit`` = input bytes / SHARDS.
 
-Figures: rows/s and MB/s (payload bytes / wall seconds of the build call), and the peak
-RSS of the largest process (the system's own process or any worker it waited for).
+Figures: rows/s and MB/s (payload bytes / wall seconds of the build call, imports
+excluded), and the peak PSS of the system's process tree (bench.memory: sampled every
+20 ms from this driver, imports included).
 Peers that cannot be imported are skipped. Run from the repository root::
 
     python -m bench.parquet_build --work-dir /tmp/parquet-bench [--rows 20000] [--rounds 3]
@@ -27,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+
+from bench.memory import run_measured
 
 SHARDS = 16
 WORKERS = 2
@@ -136,17 +138,12 @@ def run_system(system: str, raw: str, out: str, payload: int) -> dict[str, Any]:
                         writer.write({"key": key, "jpg": jpg, "cls": CLASSES.index(label)})
                         rows += 1
     seconds = time.perf_counter() - t0
-    peak_kib = max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-    )
     return {
         "system": system,
         "rows": rows,
         "seconds": round(seconds, 3),
         "rows_per_s": round(rows / seconds, 1),
         "mb_per_s": round(payload / seconds / 1e6, 1),
-        "peak_rss_mib": round(peak_kib / 1024, 1),
     }
 
 
@@ -186,30 +183,17 @@ def main() -> int:
     for round_ in range(args.rounds):
         for system in systems if round_ % 2 == 0 else systems[::-1]:  # interleaved
             out = os.path.join(args.work_dir, f"out-{system}")
-            child = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.parquet_build",
-                    "--one",
-                    system,
-                    raw,
-                    out,
-                    str(payload),
-                ],
-                env=_env(system),
-                capture_output=True,
-                text=True,
-                timeout=3600,
-            )
+            command = [sys.executable, "-m", "bench.parquet_build", "--one", system, raw, out]
+            child = run_measured([*command, str(payload)], env=_env(system), timeout=3600)
             if child.returncode != 0:
                 print(f"{system}: failed\n{child.stderr[-2000:]}")
                 continue
             figures = json.loads(child.stdout.strip().splitlines()[-1])
+            figures["peak_pss_mib"] = round(child.peak_pss / 2**20, 1)
             results[system].append(figures)
             print(json.dumps(figures))
             shutil.rmtree(out, ignore_errors=True)
-    print("\nsystem      rows/s (median, min-max)      MB/s (median, min-max)   peak RSS MiB (max)")
+    print("\nsystem      rows/s (median, min-max)      MB/s (median, min-max)   peak PSS MiB (max)")
     for system, runs in results.items():
         if not runs:
             continue
@@ -218,7 +202,7 @@ def main() -> int:
         print(
             f"{system:10}  {statistics.median(rps):8.0f} ({min(rps):.0f}-{max(rps):.0f})"
             f"      {statistics.median(mbs):7.1f} ({min(mbs):.1f}-{max(mbs):.1f})"
-            f"      {max(r['peak_rss_mib'] for r in runs):.0f}"
+            f"      {max(r['peak_pss_mib'] for r in runs):.0f}"
         )
     return 0
 
