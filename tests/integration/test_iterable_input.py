@@ -291,3 +291,27 @@ def test_ray_engine_on_this_machine_gives_the_local_tree(
             blob[a:b].decode().split(":")[0] for a, b in zip([0, *ends[:-1]], ends, strict=True)
         }
     assert files == {f"iterable-{n:05d}.tar" for n in range(16)}
+
+
+@pytest.mark.filterwarnings(  # Ray Data's own deprecated DataContext fields; not ours
+    "ignore::DeprecationWarning:ray.*"
+)
+def test_ray_dataset_rows_give_the_generator_tree(tmp_path: Path) -> None:
+    """What docs/pipeline.md shows: a Ray Dataset fed through ``iter_rows()`` (in order)."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    count = 200
+    rows = [sample(i) | {"json": json.dumps(sample(i)["json"])} for i in range(count)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True
+        dataset = ray.data.from_items(rows).map(lambda row: row | {"txt": row["txt"].upper()})
+        out = tmp_path / "ray"
+        shardprep.build(dataset.iter_rows(), str(out), shards=3, workers=2, progress=False)
+    finally:
+        ray.shutdown()
+    expected = tmp_path / "gen"
+    upper = (r | {"txt": r["txt"].upper()} for r in rows)
+    shardprep.build(upper, str(expected), shards=3, workers=2, progress=False)
+    assert _hashes(out) == _hashes(expected)
