@@ -19,7 +19,8 @@ class ReadOptions:
             rare job where its cost matters (see docs/format.md).
         verify: also check each whole shard's sha256 when a worker first reads it.
         on_error: ``"raise"`` (default) or ``"skip"``: replace unreadable samples
-            with a flagged repeat (``__padded__``), so every rank keeps its count.
+            with a flagged repeat (``__padded__``), so every rank keeps its count (a
+            mixture's batch comes out short by them instead: ``loader.mix``).
         max_consecutive_errors: with ``"skip"``, give up after this many
             unreadable ranges in a row.
         remote: timeouts and fsspec ``storage_options`` for a remote output.

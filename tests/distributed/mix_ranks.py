@@ -46,7 +46,7 @@ def mixture_run(outs: list[str], batching: str, world_size: int) -> dict[str, An
         "batching": batching,
     }
     ds = MixedDataset(outs, **options)
-    result: dict[str, Any] = {"len": len(ds), "counts": ds.counts(world_size)}
+    result: dict[str, Any] = {"len": len(ds), "counts": ds.stream.counts(world_size)}
     result["epoch0"], _ = _epoch(ds)
     result["epoch1"], _ = _epoch(ds)
     again = MixedDataset(outs, **options)
