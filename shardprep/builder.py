@@ -84,7 +84,8 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
     ``raw`` is a path or URL, or an iterable of sample dicts (:mod:`shardprep.from_iterable`).
     ``options`` are the fields of :class:`~shardprep.config.BuildConfig`
     (``shards`` is required). ``out`` is a folder or an fsspec URL (``s3://bucket/prefix``;
-    ``storage_options`` are passed to fsspec). Returns the summary the CLI prints.
+    ``storage_options`` are passed to fsspec for RAW and OUT, ``raw_storage_options`` and
+    ``out_storage_options`` for one of them only). Returns the summary the CLI prints.
 
     Raises:
         ShardprepError: any input, plan or write problem, with a message that
@@ -121,7 +122,8 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
                 inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
             )
         fingerprint = _fingerprint(inventory, config, selection)
-        destination.prepare()
+        # Tasks that may run on other machines (Ray) upload their shards into OUT themselves.
+        upload = destination.prepare(tasks_elsewhere=not engine.shares_disk)
         stage = _Stage.JOURNAL
         destination.start_journal(fingerprint)
         stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
@@ -131,8 +133,9 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             destination.staging,
             config.compression,
             config.zstd_level,
-            config.storage_options,
+            config.raw_options(),
             config.map,  # --map: a transform.SampleMap, run in the write tasks
+            upload,
         )
         records, reused = _write_all(engine, context, destination, config)
         manifest = manifest_from_records(
@@ -187,13 +190,12 @@ def _scratch_errors(work: str) -> Iterator[None]:
 
 
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
-    """Ray tasks on other nodes cannot write into this machine's staging folder."""
-    remote_cluster = config.ray_address or os.environ.get("RAY_ADDRESS")
-    if config.engine == "ray" and destination.stages_locally and remote_cluster:
+    """Ray tasks upload their shards into OUT themselves: not into this process's memory."""
+    if config.engine == "ray" and destination.process_local:
         raise InputError(
-            f"{destination.out}: --engine ray on a cluster cannot build into a URL yet (its "
-            "tasks would write into this machine's staging folder): build into a folder every "
-            "node shares and upload it, or leave out --ray-address/RAY_ADDRESS to run Ray here",
+            f"{destination.out}: --engine ray cannot build into an OUT that lives in this "
+            "process's memory (its tasks run in other processes, which upload into OUT "
+            "themselves): use --engine local, or an object store or a folder as OUT",
             destination.out,
         )
 
@@ -247,7 +249,7 @@ def _scan(
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
     if detected:
-        layout = detect_format(raw, config.storage_options)
+        layout = detect_format(raw, config.raw_options())
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
     stores: list[InventoryStore] = []
@@ -269,7 +271,7 @@ def _scan(
                 detected=detected,
                 # In-process, a class folder streams into the store instead of becoming one task result.
                 ordered_map=engine.ordered_map if engine.parallel else None,
-                storage_options=config.storage_options,
+                storage_options=config.raw_options(),
                 sink=sink,
                 # Tasks on this machine write their class folder to disk too; Ray's return it.
                 part_sink=make_store if engine.shares_disk else InventoryBuilder,

@@ -165,10 +165,27 @@ def cli() -> None:
     "--storage-option",
     "storage_options",
     multiple=True,
-    callback=lambda _ctx, _param, values: _storage_options(values),
+    callback=lambda _ctx, param, values: _storage_options(values, param),
     metavar="KEY=VALUE",
-    help="fsspec storage option for a URL OUT or listed URLs (repeatable); VALUE is JSON "
-    'if it parses, else a string: \'client_kwargs={"endpoint_url": "http://host:9000"}\'.',
+    help="fsspec storage option for a URL RAW, listed URLs and a URL OUT alike (repeatable); "
+    'VALUE is JSON if it parses, else a string: \'client_kwargs={"endpoint_url": '
+    '"http://host:9000"}\'. With --engine ray the options are sent to the tasks.',
+)
+@click.option(
+    "--raw-storage-option",
+    "raw_storage_options",
+    multiple=True,
+    callback=lambda _ctx, param, values: _storage_options(values, param),
+    metavar="KEY=VALUE",
+    help="Like --storage-option, for the input only (on top of --storage-option).",
+)
+@click.option(
+    "--out-storage-option",
+    "out_storage_options",
+    multiple=True,
+    callback=lambda _ctx, param, values: _storage_options(values, param),
+    metavar="KEY=VALUE",
+    help="Like --storage-option, for OUT only (on top of --storage-option).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option(
@@ -204,13 +221,17 @@ def _input_path(value: str) -> str:
     raise click.BadParameter(f"Path {value!r} does not exist.")
 
 
-def _storage_options(values: tuple[str, ...]) -> dict[str, Any] | None:
+def _storage_options(
+    values: tuple[str, ...], param: click.Parameter | None = None
+) -> dict[str, Any] | None:
     """``KEY=VALUE`` pairs as a dict; a VALUE that parses as JSON is that JSON value."""
     options: dict[str, Any] = {}
     for item in values:
         key, equals, value = item.partition("=")
         if not (equals and key.strip()):
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--storage-option")
+            name = param.name if param is not None and param.name else "storage_options"
+            hint = "--" + name.replace("_", "-")[: -len("s")]
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=hint)
         try:
             options[key.strip()] = json.loads(value)
         except ValueError:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardprep.format.errors import PlanError
+from shardprep.format.storage_options import merge_options
 from shardprep.transform import load_map
 
 __all__ = ["BuildConfig", "default_workers"]
@@ -31,9 +32,12 @@ class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
     ``workers``, ``engine``, ``ray_address``, ``stall_timeout``, ``overwrite``, ``resume``,
-    ``progress`` and
-    ``storage_options`` (fsspec's, for an OUT or listed inputs given as URLs) change how the
-    build runs, never what it writes.
+    ``progress`` and the storage options change how the build runs, never what it writes.
+    Storage options are fsspec's, for a RAW or OUT given as a URL (and URLs in a listing):
+    ``storage_options`` apply to both, ``raw_storage_options`` to the input only and
+    ``out_storage_options`` to OUT only, each on top of ``storage_options`` (one key deep,
+    :func:`~shardprep.format.storage_options.merge_options`). With ``--engine ray`` they are
+    sent to the tasks, so credentials given as options travel to the cluster's nodes.
     """
 
     shards: int
@@ -57,6 +61,8 @@ class BuildConfig:
     resume: bool = False
     progress: bool = True
     storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    raw_storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    out_storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     # --map: "MODULE:FUNCTION" or a callable, made a transform.SampleMap (recorded by name)
     map: Any = None
 
@@ -101,6 +107,8 @@ class BuildConfig:
             "resume",
             "progress",
             "storage_options",
+            "raw_storage_options",
+            "out_storage_options",
         }
         options = {k: v for k, v in asdict(self).items() if k not in runtime and k != "map"}
         if self.key_column is None:  # absent unless given: manifests of other builds unchanged
@@ -109,6 +117,20 @@ class BuildConfig:
             options["map"] = self.map.name
         return options
 
+    def raw_options(self) -> dict[str, Any] | None:
+        """fsspec options for RAW (and URLs it lists): ``storage_options`` then the RAW ones."""
+        return _both(self.storage_options, self.raw_storage_options)
+
+    def out_options(self) -> dict[str, Any] | None:
+        """fsspec options for OUT: ``storage_options`` then the OUT ones."""
+        return _both(self.storage_options, self.out_storage_options)
+
     def num_workers(self) -> int:
         """Worker processes to use: never more than shards."""
         return min(self.workers or default_workers(), self.shards)
+
+
+def _both(common: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not own:
+        return common
+    return merge_options(common or {}, own)

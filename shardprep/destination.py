@@ -11,9 +11,14 @@ journal, resume, publish the manifest last).
   each finished shard is uploaded, its index first, by one of ``UPLOAD_THREADS`` threads while
   the next shards are written, then deleted locally. The build starts a shard only while fewer
   than ``workers + UPLOAD_THREADS`` shards are staged (being written, or written and not yet
-  uploaded), so the staging folder never holds more than that many shards. The journal is an
-  object in OUT, so ``--resume`` and ``--overwrite`` work as locally. The manifest is uploaded
-  last, once one listing of OUT shows every object it names with the size the writer recorded.
+  uploaded), so the staging folder never holds more than that many shards. When the write
+  tasks run away from this machine (``prepare(tasks_elsewhere=True)``: Ray), there is no
+  staging folder here: each task writes its shard on its own node and uploads it itself
+  (:class:`~shardprep.upload.ShardUpload`, same order), and returns only its record. Either
+  way the journal is an object in OUT, so ``--resume`` (which finds the finished shards by
+  listing OUT and checks each against its index) and ``--overwrite`` work as locally. The
+  manifest is uploaded last, once one listing of OUT shows every object it names with the
+  size the writer recorded.
 
 An object store shows an object only once its upload completed (S3: a PUT, or a multipart
 upload's CompleteMultipartUpload; GCS and Azure likewise), so no staging key and copy are
@@ -44,6 +49,7 @@ from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
 from shardprep.storage import describe_error, is_url, local_path, open_url
+from shardprep.upload import ShardUpload, put_shard
 from shardprep.write import ShardRecord, record_from_index
 
 __all__ = [
@@ -76,6 +82,7 @@ class Destination(Protocol):
     out: str  # OUT as the user gave it
     staging: str  # the local folder the writers write shard files into (set by prepare)
     stages_locally: bool  # True: shards are written into a local folder, then uploaded to OUT
+    process_local: bool  # True: OUT lives in this process (memory://): no other process sees it
 
     def check_apart(self, raw: str) -> None:
         """Refuse an OUT that overlaps the input RAW, before anything is scanned or written."""
@@ -83,8 +90,14 @@ class Destination(Protocol):
     def check(self) -> None:
         """Refuse an unusable OUT before any work (a file; non-empty without a flag)."""
 
-    def prepare(self) -> None:
-        """Create OUT (and the staging area); with --overwrite remove a previous build's files."""
+    def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
+        """Create OUT (and the staging area); with --overwrite remove a previous build's files.
+
+        ``tasks_elsewhere``: the write tasks may run on other machines (Ray), which cannot
+        write into this machine's staging folder. Returns None when the tasks write into
+        ``staging``, else how they put their shard into OUT themselves (then ``staging`` is
+        unused and ``shard_written`` gets records of shards already in OUT).
+        """
 
     def start_journal(self, fingerprint: str) -> None:
         """Write the journal (or, with --resume, check it against this build's)."""
@@ -125,6 +138,11 @@ def open_destination(out: str, config: BuildConfig) -> Destination:
     return LocalDestination(local_path(out), config)
 
 
+def _protocol_of(fs: Any) -> str:
+    protocol = fs.protocol
+    return str(protocol[0] if isinstance(protocol, tuple | list) else protocol)
+
+
 def _output_error(path: str, err: OSError, advice: str) -> OutputError:
     what = "no space left on the device" if err.errno == errno.ENOSPC else err.strerror or str(err)
     return OutputError(f"{path}: {what}; {advice}", path)
@@ -161,6 +179,7 @@ class LocalDestination:
     """A local folder: shards are written in place (see the module doc)."""
 
     stages_locally = False
+    process_local = False
 
     def __init__(self, out: str, config: BuildConfig) -> None:
         self.out = out
@@ -206,7 +225,8 @@ class LocalDestination:
         if existing and not (config.overwrite or config.resume):
             raise _not_empty(out, existing, "folder")
 
-    def prepare(self) -> None:
+    def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
+        """(Tasks elsewhere write into the same path: a folder every node shares.)"""
         out = self.out
         try:
             os.makedirs(out, exist_ok=True)
@@ -218,6 +238,7 @@ class LocalDestination:
             raise _output_error(
                 out, err, "cannot create or clear the output folder: choose a writable OUT"
             ) from err
+        return None
 
     def start_journal(self, fingerprint: str) -> None:
         out = self.out
@@ -398,7 +419,8 @@ class RemoteDestination:
         self.out = out
         self.staging = ""
         self._config = config
-        self._fs, path = open_url(out, config.storage_options)
+        self._fs, path = open_url(out, config.out_options())
+        self.process_local = _protocol_of(self._fs) == "memory"
         self._root = path.rstrip("/")
         self._url = out.rstrip("/")
         self._capacity = config.num_workers() + UPLOAD_THREADS
@@ -514,7 +536,7 @@ class RemoteDestination:
         if not (config.overwrite or config.resume):
             raise _not_empty(self.out, existing, "prefix")
 
-    def prepare(self) -> None:
+    def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
         advice = "cannot clear the output prefix: fix the cause, then run the same command again"
         if self._config.overwrite:
             own = [
@@ -526,9 +548,13 @@ class RemoteDestination:
             own.sort(key=lambda name: name != MANIFEST_NAME)
             for name in own:
                 self._call(partial(self._fs.rm_file, self._path(name)), self._url, advice)
+        if tasks_elsewhere:
+            self.stages_locally = False
+            return ShardUpload(self._url, self._config.out_options())
         self._staging = OwnedFolder("shardprep-staging-")  # swept by a later build if killed
         self.staging = self._staging.path
         self._uploads = _Uploads(UPLOAD_THREADS, self._upload)
+        return None
 
     def start_journal(self, fingerprint: str) -> None:
         record = _journal_record(self._config, fingerprint)
@@ -619,37 +645,38 @@ class RemoteDestination:
             shard, config.compression, index_bytes, self._object_url(idx), sha256, entries[name]
         )
 
+    # With tasks elsewhere there are no uploads here (``_uploads`` is None): nothing to wait for.
+
     def has_room(self, writing: int) -> bool:
-        assert self._uploads is not None
+        if self._uploads is None:
+            return True
         self._uploads.check()
         return writing + self._uploads.staged < self._capacity
 
     def wait_for_room(self, timeout: float) -> None:
-        assert self._uploads is not None
-        self._uploads.wait(timeout)
+        if self._uploads is not None:
+            self._uploads.wait(timeout)
 
     def shard_written(self, record: ShardRecord) -> None:
-        assert self._uploads is not None
+        if self._uploads is None:
+            return  # the task uploaded it; publish checks it is there
         self._uploads.check()
         self._uploads.submit(record)
 
     def _upload(self, record: ShardRecord) -> None:
         """Upload a staged shard, its index first (a shard object implies its index), then
         delete the local copies."""
-        for name in (record.index_file, record.file):
-            local = os.path.join(self.staging, name)
-            self._call(
-                partial(self._fs.put_file, local, self._path(name)),
-                self._object_url(name),
-                RESUME_ADVICE,
-            )
-            os.remove(local)
+        self._call(
+            partial(put_shard, self._fs, self._root, self.staging, record),
+            self._object_url(record.file),
+            RESUME_ADVICE,
+        )
 
     def publish(self, manifest: Manifest) -> None:
-        assert self._uploads is not None
-        while self._uploads.staged:
-            self._uploads.wait(0.25)
-        self._uploads.check()
+        if self._uploads is not None:
+            while self._uploads.staged:
+                self._uploads.wait(0.25)
+            self._uploads.check()
         advice = "the manifest was not written: run the same command with --resume"
         entries = self._entries(advice)
         for shard in manifest.shards:

@@ -17,6 +17,7 @@ import os
 
 from shardprep.format.errors import WriteError
 from shardprep.inventory import SampleRef
+from shardprep.storage import is_url
 
 __all__ = ["TransientWriteError", "classify"]
 
@@ -59,6 +60,8 @@ def classify(err: WriteError, samples: list[SampleRef]) -> WriteError:
 def _sources_changed(samples: list[SampleRef]) -> bool:
     for sample in samples:
         for part in sample.parts:
+            if is_url(part.path):
+                continue  # its reader checked the size it got against the scan's
             try:
                 size = os.stat(part.path).st_size
             except FileNotFoundError:

@@ -18,8 +18,11 @@ the end (a local instance it started is shut down).
 * Ctrl-C or a failure cancels every pending task (``ray.cancel(force=True)``)
   and waits for them before the exception propagates.
 
-Inputs and output must be paths every node can read and write (a shared
-filesystem); shardprep itself must be importable on every node.
+With a URL OUT each write task writes its shard on its own node (its ``TMPDIR``, one
+shard at a time) and uploads it into OUT itself (:mod:`shardprep.upload`); only the
+shard's record comes back. RAW must be readable from every node: a URL, or a path every
+node sees (a shared filesystem), as must a folder OUT. The storage options (credentials
+included) are pickled into the tasks. shardprep itself must be importable on every node.
 """
 
 from __future__ import annotations

@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from shardprep.format.errors import WriteError
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.plan_store import PlannedShards
 from shardprep.transform import SampleMap
+from shardprep.upload import ShardUpload, UploadError
 from shardprep.weighting import Selection
 from shardprep.write import ShardRecord, write_shard
 
@@ -45,19 +47,37 @@ class ShardTask:
     num_classes: int
     compression: str
     zstd_level: int
-    storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
+    storage_options: Mapping[str, Any] | None = None  # RAW's: for inputs read by URL
     transform: SampleMap | None = None  # --map: run on every sample before it is written
+    upload: ShardUpload | None = None  # set: write on this node, then upload into OUT
 
     def samples(self) -> list[SampleRef]:
         """The shard's samples in write order."""
         return self.selection.samples(self.inventory, np.arange(len(self.inventory)))
 
     def run(self, progress: Any = None) -> ShardRecord:
-        """Write the shard (see :func:`shardprep.write.write_shard`)."""
+        """Write the shard (see :func:`shardprep.write.write_shard`) into ``out``, or, with
+        ``upload``, into a staging folder here and then into OUT (:mod:`shardprep.upload`).
+
+        Raises:
+            WriteError: as ``write_shard``, or the upload failed (naming shard and URL).
+        """
+        if self.upload is None:
+            return self._write(self.out, progress)
+        try:
+            return self.upload.write(lambda folder: self._write(folder, progress))
+        except UploadError as err:
+            raise WriteError(
+                f"shard {self.index}: {err.strerror}; the shards uploaded so far are kept: fix "
+                "the cause, then run the same command with --resume",
+                self.index,
+            ) from err
+
+    def _write(self, folder: str, progress: Any) -> ShardRecord:
         return write_shard(
             self.index,
             self.samples(),
-            self.out,
+            folder,
             self.num_classes,
             self.compression,
             self.zstd_level,
@@ -75,8 +95,9 @@ class WriteContext:
     out: str  # the folder shard files are written into (a remote build's staging area)
     compression: str
     zstd_level: int
-    storage_options: Mapping[str, Any] | None = None  # for inputs listed by URL
+    storage_options: Mapping[str, Any] | None = None  # RAW's: for inputs read by URL
     transform: SampleMap | None = None  # --map (picklable: by name, else by value)
+    upload: ShardUpload | None = None  # set: each task uploads its shard into OUT itself
 
     @property
     def root(self) -> str:
@@ -107,6 +128,7 @@ class WriteContext:
             self.zstd_level,
             self.storage_options,
             self.transform,
+            self.upload,
         )
 
 

@@ -105,14 +105,15 @@ def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_ray_on_a_cluster_is_refused_for_a_url_out_only(tmp_path: Path) -> None:
-    """The destination says whether it stages shards locally: a cluster's tasks could not."""
+def test_ray_is_refused_for_an_out_in_this_process_only(tmp_path: Path) -> None:
+    """Ray tasks upload into OUT themselves: a memory:// OUT (this process's) is refused."""
     raw = write_class_folders(tmp_path / "raw", {"a": 2, "b": 1})
     options = {"shards": 1, "engine": "ray", "ray_address": "127.0.0.1:1", "progress": False}
     with pytest.raises(InputError) as caught:
         shardprep.build(str(raw), "memory://sp-seam/out", **options)
     assert str(caught.value).startswith(
-        "memory://sp-seam/out: --engine ray on a cluster cannot build into a URL yet"
+        "memory://sp-seam/out: --engine ray cannot build into an OUT that lives in this "
+        "process's memory"
     )
     # A folder (one every node shares) passes that check: the build goes on to the cluster.
     with pytest.raises(PlanError, match="--ray-address|needs Ray"):
