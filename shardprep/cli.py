@@ -196,9 +196,9 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
 
     RAW is a folder of class folders, a folder of files grouped by key, a
     CSV/TSV/JSONL listing (whose paths may be URLs such as s3://bucket/a.jpg),
-    a folder of existing .tar shards, or Parquet files (a .parquet file, a folder
-    of them, or a URL such as s3://bucket/data/). OUT is a folder or an fsspec URL
-    (s3://bucket/prefix, gs://..., ...).
+    a folder of existing .tar shards, or Parquet files (a .parquet file or a folder
+    of them). Any of these folders may be an fsspec URL prefix instead
+    (s3://bucket/train, gs://..., ...). OUT is a folder or an fsspec URL.
     """
     from shardprep.builder import build as run_build
 
@@ -215,7 +215,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
 
 
 def _input_path(value: str) -> str:
-    """RAW: an existing path, or a URL (Parquet input, read through fsspec)."""
+    """RAW: an existing path, or a URL (a prefix or an object, read through fsspec)."""
     if is_url(value) or os.path.exists(value):
         return value
     raise click.BadParameter(f"Path {value!r} does not exist.")
@@ -255,8 +255,27 @@ def _format_summary(s: dict[str, Any]) -> str:
     )
 
 
+def _output_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """OUT of inspect/verify: an existing folder, or a URL (read through fsspec)."""
+    if is_url(value):
+        return value
+    folder = click.Path(exists=True, file_okay=False, path_type=str)
+    converted: str = folder.convert(value, param, ctx)
+    return converted
+
+
+_READ_STORAGE_OPTION = click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    callback=lambda _ctx, _param, values: _storage_options(values),
+    metavar="KEY=VALUE",
+    help="fsspec storage option for a URL OUT (repeatable), as for build.",
+)
+
+
 @cli.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("out", callback=_output_path)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 @click.option(
     "--plot",
@@ -264,24 +283,31 @@ def _format_summary(s: dict[str, Any]) -> str:
     default=None,
     help="Draw per-shard class histograms to a PNG (needs matplotlib).",
 )
-def inspect(out: str, as_json: bool, plot: str | None) -> None:
-    """Show the summary and a per-shard table of a built OUT."""
+@_READ_STORAGE_OPTION
+def inspect(
+    out: str, as_json: bool, plot: str | None, storage_options: dict[str, Any] | None
+) -> None:
+    """Show the summary and a per-shard table of a built OUT (a folder or a URL)."""
     from shardprep.inspect import format_inspection, inspection, plot_histograms
 
-    data = _run(lambda: inspection(out))
+    data = _run(lambda: inspection(out, storage_options))
     if plot:
-        _run(lambda: plot_histograms(out, plot))
+        _run(lambda: plot_histograms(out, plot, storage_options))
     click.echo(json.dumps(data, indent=1) if as_json else format_inspection(data))
 
 
 @cli.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("out", callback=_output_path)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def verify(out: str, quiet: bool) -> None:
-    """Re-read every shard: checksums, counts, index offsets, complete samples."""
+@_READ_STORAGE_OPTION
+def verify(out: str, quiet: bool, storage_options: dict[str, Any] | None) -> None:
+    """Re-read every shard: checksums, counts, index offsets, complete samples.
+
+    OUT is a folder or a URL (its shards are read with ranged parallel reads).
+    """
     from shardprep.verify import verify_output
 
-    report = _run(lambda: verify_output(out, progress=not quiet))
+    report = _run(lambda: verify_output(out, progress=not quiet, storage_options=storage_options))
     for line in report.problems:
         click.echo(line, err=True)
     if report.problems:

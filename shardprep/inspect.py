@@ -1,22 +1,26 @@
 """Inspect: summarise a built output from its manifest alone (no shard is read).
 
+OUT is a folder or a URL (``s3://bucket/prefix``: only its ``manifest.json`` is read,
+:func:`~shardprep.url_output.read_manifest_at`).
+
 Optional plotting of per-shard class histograms needs matplotlib
 (``pip install "shardprep[plot]"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from shardprep.format.errors import InputError
-from shardprep.format.manifest import read_manifest
+from shardprep.url_output import read_manifest_at
 
 __all__ = ["format_inspection", "inspection", "plot_histograms"]
 
 
-def inspection(out: str) -> dict[str, Any]:
+def inspection(out: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The manifest's summary plus one row per shard, as plain data."""
-    manifest = read_manifest(out)
+    manifest = read_manifest_at(out, storage_options)
     data = manifest.to_json()
     return {
         "out": out,
@@ -72,7 +76,7 @@ def format_inspection(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_histograms(out: str, png: str) -> None:
+def plot_histograms(out: str, png: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Draw the per-shard class histogram (and, if reweighted, the original one) to ``png``.
 
     Raises:
@@ -85,7 +89,7 @@ def plot_histograms(out: str, png: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise InputError('--plot needs matplotlib: pip install "shardprep[plot]"') from err
-    manifest = read_manifest(out)
+    manifest = read_manifest_at(out, storage_options)
     if manifest.class_names is None:
         raise InputError(f"{out}: unlabelled data has no class histogram to plot", out)
     import numpy as np

@@ -18,6 +18,12 @@ Checks, per shard (``docs/cli.md`` lists them for users):
 
 Every read is bounded by the sizes in the manifest and index. Problems are
 collected per shard, never raised, so one bad shard does not hide the others.
+
+An OUT at a URL is checked the same way, by the same functions: its objects' sizes come
+from one listing, and each shard and index is copied to a private temporary folder with
+ranged parallel reads (:class:`~shardprep.url_output.RemoteOutput`), ``THREADS`` shards at a
+time (so at most ``THREADS`` shards' bytes on the local disk), then checked and removed.
+The threads run in this process: verify has no engine seam (``--engine ray`` is not offered).
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tarfile
-from collections.abc import Iterator
+import tempfile
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -40,13 +50,16 @@ from shardprep.format.integrity import (
     decompress_frame,
     salvage_frame,
 )
-from shardprep.format.manifest import Manifest, ShardEntry, read_manifest
+from shardprep.format.manifest import Manifest, ShardEntry
 from shardprep.format.shardformat import BLOCK, ShardIndex, decode_index
+from shardprep.storage import is_url
+from shardprep.url_output import RemoteOutput, read_manifest_at
 
 __all__ = ["VerifyReport", "verify_output"]
 
 CHUNK_BYTES = 16 << 20  # plain shards are checked in reads of about this size
 NAMED = 10  # damaged samples named per shard; the rest are counted
+THREADS = 4  # shards of a URL OUT read and checked at a time
 
 
 @dataclass
@@ -58,19 +71,70 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
 
 
-def verify_output(out: str, progress: bool = False) -> VerifyReport:
-    """Check every shard of the build in ``out``; problems are collected, not raised.
+def verify_output(
+    out: str,
+    progress: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    threads: int = THREADS,
+) -> VerifyReport:
+    """Check every shard of the build in ``out`` (a folder or a URL); problems are collected,
+    not raised. ``storage_options`` are fsspec's, for a URL; ``threads`` shards of a URL are
+    read and checked at a time.
 
     Raises:
         ManifestError: the manifest itself is missing, invalid or inconsistent.
+        InputError: the storage of a URL gives no answer in time.
     """
-    manifest = read_manifest(out)
+    manifest = read_manifest_at(out, storage_options)
     report = VerifyReport(num_shards=len(manifest.shards))
-    for entry in tqdm(manifest.shards, desc="verify", unit=" shards", disable=not progress):
-        problems = list(_verify_shard(out, manifest, entry))
+    results: Iterable[list[str]]
+    if is_url(out):
+        results = _remote_results(RemoteOutput(out, storage_options), manifest, threads)
+    else:
+        results = (list(_verify_shard(out, manifest, entry)) for entry in manifest.shards)
+    bar = tqdm(manifest.shards, desc="verify", unit=" shards", disable=not progress)
+    for entry, problems in zip(bar, results, strict=True):
         report.problems += [f"{entry.file}: {p}" for p in problems]
         report.num_samples += entry.num_samples
     return report
+
+
+def _remote_results(remote: RemoteOutput, manifest: Manifest, threads: int) -> Iterator[list[str]]:
+    """The problems of each shard of a URL OUT, in shard order; ``threads`` shards in flight."""
+    sizes = remote.sizes()
+    with (
+        tempfile.TemporaryDirectory(prefix="shardprep-verify-") as spool,
+        ThreadPoolExecutor(max(1, threads), thread_name_prefix="shardprep-verify") as pool,
+    ):
+        entries = iter(manifest.shards)
+        pending: deque[Future[list[str]]] = deque()
+        for entry in entries:
+            pending.append(pool.submit(_verify_remote_shard, remote, manifest, entry, sizes, spool))
+            if len(pending) >= max(1, threads):
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _verify_remote_shard(
+    remote: RemoteOutput, manifest: Manifest, entry: ShardEntry, sizes: dict[str, int], spool: str
+) -> list[str]:
+    """The problems of one shard of a URL OUT: copied locally, then checked as a local one."""
+    for name in (entry.file, entry.index_file):
+        if name not in sizes:
+            return [f"missing file {name}"]
+    folder = tempfile.mkdtemp(dir=spool)
+    path, idx_path = os.path.join(folder, entry.file), os.path.join(folder, entry.index_file)
+    try:
+        # at most one byte more than the manifest gives: a larger object fails its sha256
+        remote.copy(entry.file, min(sizes[entry.file], entry.num_bytes + 1), path)
+        remote.copy(entry.index_file, min(sizes[entry.index_file], entry.index_bytes + 1), idx_path)
+        where = remote.url(entry.index_file)
+        return list(_verify_files(path, idx_path, sizes[entry.file], manifest, entry, where))
+    except OSError as err:
+        return [f"cannot read ({err})"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _sha256(path: str) -> str:
@@ -87,7 +151,19 @@ def _verify_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Iterator[s
         if not os.path.exists(p):
             yield f"missing file {os.path.basename(p)}"
             return
-    size = os.path.getsize(path)
+    yield from _verify_files(path, idx_path, os.path.getsize(path), manifest, entry)
+
+
+def _verify_files(
+    path: str,
+    idx_path: str,
+    size: int,
+    manifest: Manifest,
+    entry: ShardEntry,
+    idx_where: str = "",
+) -> Iterator[str]:
+    """The problems of a shard file and its index (local files; ``size``: the shard's size
+    where it is stored, ``idx_where``: the index's name in messages, if not ``idx_path``)."""
     if size != entry.num_bytes:
         yield f"the file has {size} bytes, the manifest says {entry.num_bytes}"
     if _sha256(path) != entry.sha256:
@@ -100,7 +176,7 @@ def _verify_shard(out: str, manifest: Manifest, entry: ShardEntry) -> Iterator[s
     compressed = manifest.compression == "zstd"
     classes = len(manifest.class_names) if manifest.class_names is not None else 0
     try:
-        index = decode_index(index_bytes, idx_path)
+        index = decode_index(index_bytes, idx_where or idx_path)
         check_index(index, entry, compressed, classes, entry.index_file)
     except ManifestError as err:
         yield str(err)

@@ -214,7 +214,7 @@ class _PartReader:
 
     def read(self, path: str, offset: int, size: int) -> bytes:
         if self._remote is not None and is_url(path):
-            return self._remote.read(path, size)
+            return self._remote.read(path, size, offset)
         if offset >= 0:
             fd = self._tar_fds.get(path)
             if fd is None:
@@ -247,7 +247,7 @@ def _remote_parts(
     samples: Sequence[SampleRef], storage_options: Mapping[str, Any] | None
 ) -> RemoteParts | None:
     """The fetcher of the samples' URL parts, in read order; None if all parts are local."""
-    urls = [(p.path, p.size) for s in samples for p in s.parts if is_url(p.path)]
+    urls = [(p.path, p.size, p.offset) for s in samples for p in s.parts if is_url(p.path)]
     return RemoteParts(urls, storage_options) if urls else None
 
 

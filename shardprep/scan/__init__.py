@@ -23,7 +23,8 @@ from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
-from shardprep.scan.parquet import is_parquet_name, list_parquet, scan_parquet
+from shardprep.scan.parquet import is_parquet_name, scan_parquet
+from shardprep.scan.prefix import top_level
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
 from shardprep.storage import is_url
@@ -45,9 +46,10 @@ class InputFormat(str, Enum):
 def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) -> InputFormat:
     """Decide the layout of ``raw`` from its top level (see docs/cli.md for the rules).
 
-    A ``.parquet`` file, a folder whose top-level files are all ``.parquet`` (names
-    starting with ``_`` or ``.`` aside, as Spark writes them) and a URL are Parquet input
-    (a URL must name a ``.parquet`` object or a prefix that holds some).
+    ``raw`` is a path or a URL prefix (``s3://bucket/train``): the same rules read the top
+    level of either (:func:`~shardprep.scan.prefix.top_level`: a scandir, or one listing).
+    A ``.parquet`` file and a folder whose top-level files are all ``.parquet`` (names
+    starting with ``_`` or ``.`` aside, as Spark writes them) are Parquet input.
 
     A folder that holds only folders is class folders unless its first folder
     with files holds ``.cls`` label parts (then it is keyed). The scan then
@@ -58,14 +60,10 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
     Raises:
         InputError: ``raw`` is missing, empty, of no known layout, or ambiguous
             (files and folders side by side without ``.cls`` labels): the
-            message asks for ``--format``.
+            message asks for ``--format``; a URL whose storage cannot be reached.
     """
-    if is_url(raw):
-        list_parquet(raw, storage_options)  # refuses a URL that holds no .parquet files
-        return InputFormat.PARQUET
-    if not os.path.exists(raw):
-        raise InputError(f"{raw}: no such file or folder", raw)
-    if os.path.isfile(raw):
+    top = top_level(raw, storage_options)  # raises for a missing RAW, an unreachable store
+    if top.is_file:
         lower = raw.lower()
         if lower.endswith((".csv", ".tsv", ".jsonl", ".ndjson")):
             return InputFormat.LISTING
@@ -78,14 +76,10 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
             ".parquet file",
             raw,
         )
-    with os.scandir(raw) as it:
-        entries = sorted(
-            ((e.name, e.is_dir()) for e in it if not e.name.startswith(".")),
-        )
-    if not entries:
-        raise InputError(f"{raw}: the folder is empty; point RAW at the dataset", raw)
-    files = [name for name, is_dir in entries if not is_dir]
-    folders = [name for name, is_dir in entries if is_dir]
+    files, folders = top.file_names, top.folders
+    if not files and not folders:
+        what = "prefix holds no objects" if is_url(raw) else "folder is empty"
+        raise InputError(f"{raw}: the {what}; point RAW at the dataset", raw)
     # A shardprep output also holds .idx sidecars and manifest.json next to its .tar shards.
     shards = [n for n in files if not (n.endswith(".idx") or n == MANIFEST_NAME)]
     if shards and all(n.endswith(".tar") for n in shards):
@@ -103,7 +97,8 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
             "classes (--format class-folders)",
             raw,
         )
-    return InputFormat.KEYED if first_files_have_labels(raw) else InputFormat.CLASS_FOLDERS
+    labelled = first_files_have_labels(raw, storage_options)
+    return InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
 
 
 def scan(
@@ -130,8 +125,10 @@ def scan(
 
     ``workers`` > 1 scans class folders in parallel processes (same result);
     ``ordered_map`` (an engine's) runs those per-folder tasks, one task per
-    input tar and one per chunk of listing rows, instead. ``storage_options``
-    are fsspec's, for a listing that names URLs or a Parquet URL. Parquet input copies
+    input tar and one per chunk of listing rows, instead. ``raw`` may be a URL prefix
+    (``s3://bucket/train``) of class folders, keyed files, tar shards or Parquet files,
+    listed as a folder is walked (:mod:`shardprep.scan.prefix`); ``storage_options``
+    are fsspec's, for such a URL or a listing that names URLs. Parquet input copies
     its payloads into a new sub-folder of ``scratch`` (the build's scratch folder; a
     temporary folder the caller removes when None: the inventory's root), and takes its
     key from ``key_column`` (:mod:`shardprep.scan.parquet`).
@@ -148,27 +145,27 @@ def scan(
     fmt = InputFormat(fmt)
     if fmt is InputFormat.AUTO:
         fmt, detected = detect_format(raw, storage_options), True
-    elif not os.path.exists(raw) and not (fmt is InputFormat.PARQUET and is_url(raw)):
+    elif is_url(raw) and fmt is InputFormat.LISTING:
+        raise InputError(
+            f"{raw}: a listing is read from a local file (its rows may name URLs); copy it "
+            "here and point RAW at the copy",
+            raw,
+        )
+    elif not is_url(raw) and not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
     count: Callable[[int], None] = tick or (lambda _n: None)
+    root = raw.rstrip("/") if is_url(raw) else os.path.abspath(raw)  # a folder or URL prefix
+    options = storage_options
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(
-            raw, count, path_column, label_column, ordered_map, storage_options, sink
-        )
+        inventory = scan_listing(raw, count, path_column, label_column, ordered_map, options, sink)
     elif fmt is InputFormat.CLASS_FOLDERS:
-        inventory = scan_class_folders(
-            os.path.abspath(raw), count, workers, ordered_map, sink, part_sink
-        )
+        inventory = scan_class_folders(root, count, workers, ordered_map, sink, part_sink, options)
     elif fmt is InputFormat.PARQUET:
-        inventory = scan_parquet(
-            raw, count, scratch, label_column, key_column, storage_options, sink
-        )
+        inventory = scan_parquet(raw, count, scratch, label_column, key_column, options, sink)
     elif fmt is InputFormat.KEYED:
-        inventory = scan_keyed_files(
-            os.path.abspath(raw), count, same_type_parts=not detected, sink=sink
-        )
+        inventory = scan_keyed_files(root, count, not detected, sink, options)
     else:
-        inventory = scan_tar_shards(os.path.abspath(raw), count, ordered_map, sink)
+        inventory = scan_tar_shards(root, count, ordered_map, sink, options)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
     try:

@@ -7,41 +7,36 @@ files may sit at any depth below their class folder. Metadata only.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from shardprep.format.errors import InputError
 from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
-from shardprep.scan.walk import Problems, Tick, walk_files
+from shardprep.scan.prefix import join, top_level, walk_input
+from shardprep.scan.walk import Problems, Tick
 from shardprep.workers import worker_pool
 
 __all__ = ["scan_class_folders"]
 
 
-def class_folder_names(root: str) -> list[str]:
-    """Sorted non-hidden sub-folders of ``root``.
+def class_folder_names(root: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Sorted non-hidden sub-folders of ``root`` (a folder or a URL prefix).
 
     Raises:
         InputError: ``root`` also holds files (then it is not a class-folder layout), or a
             folder's name is not UTF-8 (it becomes a class name in manifest.json).
     """
-    names: list[str] = []
-    files: list[str] = []
-    with os.scandir(root) as it:
-        for entry in it:
-            if entry.name.startswith("."):
-                continue
-            (names if entry.is_dir() else files).append(entry.name)
-    if files:
+    top = top_level(root, storage_options)
+    if top.files:
         raise InputError(
             f"{root}: class-folder input must contain only folders, but it has files "
-            f"such as {sorted(files)[0]!r}; move them into a class folder or use --format keyed",
+            f"such as {top.files[0][0]!r}; move them into a class folder or use --format keyed",
             path=root,
         )
-    for name in sorted(names):
+    for name in top.folders:
         _check_class_name(root, name)
-    return sorted(names)
+    return top.folders
 
 
 def _check_class_name(root: str, name: str) -> None:
@@ -69,8 +64,12 @@ def scan_class_folders(
     ordered_map: OrderedMap | None = None,
     sink: SinkFactory = InventoryBuilder,
     part_sink: SinkFactory = InventoryBuilder,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> InventoryView:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
+
+    ``root`` is a folder or a URL prefix (one paginated listing per class folder, with
+    ``storage_options``: :func:`~shardprep.scan.prefix.walk_input`).
 
     One task per class folder. With ``workers > 1`` class folders are scanned
     in parallel processes; ``ordered_map(fn, jobs)`` (an engine's, see
@@ -81,10 +80,11 @@ def scan_class_folders(
     ``part_sink`` what a parallel task collects its class folder in (on disk
     too when the tasks run on this machine: ``StoreFolder``).
     """
-    classes = class_folder_names(root)
+    classes = class_folder_names(root, storage_options)
     builder = sink(root, False)
     problems = Problems()
-    jobs = [(root, label, name, part_sink) for label, name in enumerate(classes)]
+    options = dict(storage_options) if storage_options else None  # travels with each task
+    jobs = [(root, label, name, part_sink, options) for label, name in enumerate(classes)]
     if ordered_map is not None:
         results: Iterator[tuple[InventorySink, Problems]] = iter(ordered_map(_scan_class, jobs))
         for part, part_problems in results:  # merged one at a time, in class order
@@ -100,7 +100,7 @@ def scan_class_folders(
     else:
         for job in jobs:
             before = len(builder)
-            _scan_class_into(job[:3], builder, problems)
+            _scan_class_into(job[:3], builder, problems, options)
             tick(len(builder) - before)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
@@ -118,32 +118,39 @@ def _merge(
     tick(len(part))
 
 
-def _scan_class(job: tuple[str, int, str, SinkFactory]) -> tuple[InventorySink, Problems]:
+def _scan_class(
+    job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None],
+) -> tuple[InventorySink, Problems]:
     """Scan one class folder into its own part (runs in a worker process when parallel)."""
-    root, label, name, part_sink = job
+    root, label, name, part_sink, options = job
     builder = part_sink(root, False)
     problems = Problems()
-    _scan_class_into((root, label, name), builder, problems)
+    _scan_class_into((root, label, name), builder, problems, options)
     return builder.finish_part(), problems
 
 
-def _scan_class_into(job: tuple[str, int, str], builder: InventorySink, problems: Problems) -> None:
+def _scan_class_into(
+    job: tuple[str, int, str],
+    builder: InventorySink,
+    problems: Problems,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
     """Add every file of one class folder to ``builder``, in sorted order."""
     root, label, name = job
     before = len(builder)
-    for entry in walk_files(os.path.join(root, name), problems):
+    for entry in walk_input(join(root, name), problems, storage_options):
         rel_dir = f"{name}/{entry.rel_dir}" if entry.rel_dir else name
         stem, dot, ext = entry.name.rpartition(".")
         if not dot or not stem:
             problems.add(
-                os.path.join(root, rel_dir, entry.name),
+                join(root, rel_dir, entry.name),
                 "file has no extension; the extension names the sample's part "
                 "(e.g. .jpg): rename it or move it out of the input",
             )
             continue
         if ext == LABEL_EXT:
             problems.add(
-                os.path.join(root, rel_dir, entry.name),
+                join(root, rel_dir, entry.name),
                 "a .cls label file in class-folder input, where the folder names the class; "
                 "remove it, or if .cls files label keyed samples, give every sample one "
                 "(then the input is read as keyed files)",
@@ -151,6 +158,4 @@ def _scan_class_into(job: tuple[str, int, str], builder: InventorySink, problems
             continue
         builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])
     if len(builder) == before:
-        problems.add(
-            os.path.join(root, name), "class folder has no files; remove it or add samples"
-        )
+        problems.add(join(root, name), "class folder has no files; remove it or add samples")

@@ -8,24 +8,30 @@ unlabelled. Metadata otherwise.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from itertools import groupby
+from typing import Any
 
 from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import split_name
+from shardprep.remote_input import read_heads
 from shardprep.scan.labels import LabelTable
-from shardprep.scan.walk import FileEntry, Problems, Tick, walk_files
+from shardprep.scan.prefix import first_files, join, walk_input
+from shardprep.scan.walk import FileEntry, Problems, Tick
+from shardprep.storage import is_url
 
 __all__ = ["scan_keyed_files"]
 
 LABEL_EXT = "cls"
 
 
-def _read_label(path: str, problems: Problems) -> str | None:
+def _label_text(path: str, data: bytes | BaseException, problems: Problems) -> str | None:
+    """The label in a ``.cls`` part's first ``LABEL_BYTES`` bytes, or None (a problem recorded)."""
     try:
-        with open(path, "rb") as f:
-            text = f.read(1024).decode("utf-8").strip()
+        if isinstance(data, BaseException):
+            raise data
+        text = data.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as err:
         problems.add(path, f"cannot read label ({err})")
         return None
@@ -35,10 +41,42 @@ def _read_label(path: str, problems: Problems) -> str | None:
     return text
 
 
+LABEL_BYTES = 1024
+
+
+def _read_labels(
+    paths: list[str], problems: Problems, storage_options: Mapping[str, Any] | None
+) -> dict[str, str | None]:
+    """The label of each ``.cls`` path (None where unreadable; ``problems`` says why).
+
+    Local files are read one by one; URLs together, concurrently (one ranged GET each).
+    """
+    if not paths:
+        return {}
+    if is_url(paths[0]):
+        found: list[bytes | BaseException] = list(read_heads(paths, LABEL_BYTES, storage_options))
+    else:
+        found = []
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    found.append(f.read(LABEL_BYTES))
+            except OSError as err:
+                found.append(err)
+    return {p: _label_text(p, d, problems) for p, d in zip(paths, found, strict=True)}
+
+
 def scan_keyed_files(
-    root: str, tick: Tick, same_type_parts: bool = True, sink: SinkFactory = InventoryBuilder
+    root: str,
+    tick: Tick,
+    same_type_parts: bool = True,
+    sink: SinkFactory = InventoryBuilder,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> InventoryView:
     """Inventory of every key group below ``root``; ``tick(n)`` reports progress.
+
+    ``root`` is a folder or a URL prefix (listed once, with ``storage_options``:
+    :func:`~shardprep.scan.prefix.walk_input`); a folder's ``.cls`` labels are read together.
 
     ``same_type_parts=False`` (auto-detected layout) refuses a sample with two
     parts of the same last extension (``a.v1.png`` + ``a.v2.png``): those are
@@ -53,19 +91,23 @@ def scan_keyed_files(
     def by_folder(entry: FileEntry) -> str:
         return entry.rel_dir
 
-    for rel_dir, entries in groupby(walk_files(root, problems), key=by_folder):
+    for rel_dir, entries in groupby(walk_input(root, problems, storage_options), key=by_folder):
         groups: dict[str, list[FileEntry]] = {}
+        label_paths = []
         for entry in entries:
             groups.setdefault(split_name(entry.name)[0], []).append(entry)
+            if split_name(entry.name)[1] == LABEL_EXT:
+                label_paths.append(join(root, rel_dir, entry.name))
+        texts = _read_labels(label_paths, problems, storage_options)
         for stem in sorted(groups):
             parts, label = [], UNLABELLED
             for entry in groups[stem]:
                 ext = split_name(entry.name)[1]
-                path = os.path.join(root, rel_dir, entry.name)
+                path = join(root, rel_dir, entry.name)
                 if not ext:
                     problems.add(path, "file has no extension, so it cannot be a part of a sample")
                 elif ext == LABEL_EXT:
-                    text = _read_label(path, problems)
+                    text = texts[path]
                     label = labels.intern(text) if text is not None else UNLABELLED
                 else:
                     parts.append((ext, entry.size, -1))
@@ -73,7 +115,7 @@ def scan_keyed_files(
             if not same_type_parts and _same_type(parts):
                 names = ", ".join(repr(e.name) for e in groups[stem])
                 problems.add(
-                    os.path.join(root, sample),
+                    join(root, sample),
                     f"{names} would be one sample (WebDataset groups files by the name up to "
                     "the first dot) with two parts of the same type; if they are separate "
                     "samples rename them so they differ before the first dot, if they are "
@@ -81,7 +123,7 @@ def scan_keyed_files(
                 )
                 continue
             if not parts:
-                problems.add(os.path.join(root, sample), "sample has a label but no data parts")
+                problems.add(join(root, sample), "sample has a label but no data parts")
                 continue
             if label == UNLABELLED:
                 unlabelled += 1
@@ -90,7 +132,7 @@ def scan_keyed_files(
             tick(1)
     if len(labels) and unlabelled:
         problems.add(
-            os.path.join(root, first_unlabelled),
+            join(root, first_unlabelled),
             f"no .cls label, while other samples have one ({unlabelled} such samples); "
             "label every sample or none",
         )
@@ -109,17 +151,16 @@ def is_label_file(name: str) -> bool:
     return split_name(name)[1] == LABEL_EXT
 
 
-def first_files_have_labels(root: str) -> bool:
+def first_files_have_labels(root: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     """True if the first folder below ``root`` (sorted walk) that holds files holds a ``.cls``.
 
     Used by auto-detection: a folder of folders is keyed data only when it is
     labelled by ``.cls`` parts. Labelled keyed data has one in every folder
     with samples, and the scanners refuse a ``.cls`` file elsewhere, so
     looking at the first folder decides without depending on folder order.
+    ``root`` is a folder or a URL prefix (:func:`~shardprep.scan.prefix.first_files`).
     """
-    for _dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        names = [n for n in filenames if not n.startswith(".")]
-        if names:
-            return any(is_label_file(n) for n in names)
-    raise InputError(f"{root}: no files found; point RAW at the dataset folder", path=root)
+    names = first_files(root, storage_options)
+    if names is None:
+        raise InputError(f"{root}: no files found; point RAW at the dataset folder", path=root)
+    return any(is_label_file(n) for n in names)

@@ -8,9 +8,13 @@ whose names share everything up to the first dot after the last slash.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import posixpath
 import tarfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,21 +22,26 @@ from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable
+from shardprep.scan.prefix import join, top_level
 from shardprep.scan.walk import Problems, Tick
+from shardprep.storage import describe_error, is_url, open_url
 
 __all__ = ["list_tar_shards", "scan_tar_shards"]
 
 LABEL_EXT = "cls"
 
 
-def list_tar_shards(raw: str) -> list[str]:
-    """The ``.tar`` files to read: ``raw`` itself, or every ``*.tar`` in the folder, sorted."""
-    if os.path.isfile(raw):
-        return [os.path.abspath(raw)]
-    names = sorted(n for n in os.listdir(raw) if n.endswith(".tar") and not n.startswith("."))
+def list_tar_shards(raw: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The ``.tar`` files to read: ``raw`` itself, or every ``*.tar`` in the folder or URL
+    prefix, sorted."""
+    top = top_level(raw, storage_options)
+    url = is_url(raw)
+    if top.is_file:
+        return [raw if url else os.path.abspath(raw)]
+    names = [n for n in top.file_names if n.endswith(".tar")]
     if not names:
         raise InputError(f"{raw}: no .tar files found", raw)
-    return [os.path.join(os.path.abspath(raw), n) for n in names]
+    return [join(raw if url else os.path.abspath(raw), n) for n in names]
 
 
 def _split_member(name: str) -> tuple[str, str]:
@@ -46,20 +55,29 @@ def scan_tar_shards(
     tick: Tick,
     ordered_map: OrderedMap | None = None,
     sink: SinkFactory = InventoryBuilder,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> InventoryView:
     """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress.
+
+    ``raw`` may be a URL (a tar object, or a prefix of them): each tar is then read through
+    fsspec with ``storage_options``, headers only in blocks of ``URL_BLOCK`` bytes
+    (:func:`_open_tar`).
 
     One task per input tar, run by ``ordered_map`` (an engine's, see
     :mod:`shardprep.engine`) when given, else here; the parts are merged in
     tar order with their label texts interned in that order, so the result is
     the same as a serial scan.
     """
-    tars = list_tar_shards(raw)
-    root = os.path.dirname(tars[0]) if os.path.isfile(raw) else os.path.abspath(raw)
+    tars = list_tar_shards(raw, storage_options)
+    if is_url(raw):
+        root = posixpath.dirname(tars[0]) if tars == [raw] else raw.rstrip("/")
+    else:
+        root = os.path.dirname(tars[0]) if os.path.isfile(raw) else os.path.abspath(raw)
     builder = sink(root, False)
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
-    jobs = [(root, tar_path) for tar_path in tars]
+    options = dict(storage_options) if storage_options else None  # travels with each task
+    jobs = [(root, tar_path, options) for tar_path in tars]
     parts = ordered_map(_scan_tar, jobs) if ordered_map is not None else map(_scan_tar, jobs)
     for part in parts:  # merged one at a time, in tar order
         mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
@@ -84,14 +102,40 @@ class _TarPart:
     unlabelled: int
 
 
-def _scan_tar(job: tuple[str, str]) -> _TarPart:
+URL_BLOCK = 8 << 20  # a remote tar is read in ranged reads of this size (its headers' blocks)
+
+
+@contextlib.contextmanager
+def _open_tar(
+    tar_path: str, storage_options: Mapping[str, Any] | None
+) -> Iterator[tarfile.TarFile]:
+    """The tar at a path or URL, opened for reading headers member by member.
+
+    A URL is read through an fsspec file with a read-ahead cache of ``URL_BLOCK`` bytes:
+    consecutive small members come from one ranged GET, a member larger than the block is
+    skipped by seeking past it (the next ranged GET starts at the next header). Memory stays
+    bounded by the block, whatever the tar's size.
+    """
+    if not is_url(tar_path):
+        with tarfile.open(tar_path, "r:") as tar:
+            yield tar
+        return
+    fs, path = open_url(tar_path, storage_options)
+    with (
+        fs.open(path, "rb", block_size=URL_BLOCK, cache_type="readahead") as f,
+        tarfile.open(fileobj=f, mode="r:") as tar,
+    ):
+        yield tar
+
+
+def _scan_tar(job: tuple[str, str, Mapping[str, Any] | None]) -> _TarPart:
     """Scan one tar (runs wherever the engine runs tasks)."""
-    root, tar_path = job
+    root, tar_path, options = job
     builder = InventoryBuilder(root)
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
     try:
-        with tarfile.open(tar_path, "r:") as tar:
+        with _open_tar(tar_path, options) as tar:
             current, label_text = None, None
             parts: list[tuple[str, int, int]] = []
             for member in tar:
@@ -120,6 +164,8 @@ def _scan_tar(job: tuple[str, str]) -> _TarPart:
                 unlabelled += _add(builder, labels, problems, current, parts, label_text, tar_path)
     except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
         problems.add(tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first")
+    except Exception as err:  # a URL backend's own transport error, not an OSError
+        problems.add(tar_path, f"cannot read ({describe_error(tar_path, err)})")
     return _TarPart(builder, labels.texts(), problems, unlabelled)
 
 
