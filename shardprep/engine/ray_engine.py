@@ -144,7 +144,9 @@ class RayEngine:
             kwargs["include_dashboard"] = False
             if options.workers_given:
                 kwargs["num_cpus"] = options.workers
-        ray.init(address=address, **kwargs)
+        # "local": a new instance here, not one a `ray start` left in /tmp/ray (ray.init's
+        # default with no address joins the latest cluster started on this machine)
+        ray.init(address=address or "local", **kwargs)
         try:
             yield cls(ray, options.stall_timeout, options.write_task)
         finally:

@@ -91,7 +91,7 @@ def cluster(data: Data) -> Iterator[str]:
     """The module's Ray instance (2 CPUs); the builds write through the test-only fault hooks."""
     with faults_in(data.faults):
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             yield ray.get_runtime_context().gcs_address
         finally:
             ray.shutdown()

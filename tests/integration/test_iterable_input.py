@@ -302,7 +302,7 @@ def test_ray_dataset_rows_give_the_generator_tree(tmp_path: Path) -> None:
     pytest.importorskip("ray.data")
     count = 200
     rows = [sample(i) | {"json": json.dumps(sample(i)["json"])} for i in range(count)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True

@@ -181,7 +181,7 @@ def test_a_map_pickles_by_name_or_by_value() -> None:
 @pytest.fixture(scope="module")
 def cluster(data: Data) -> Iterator[None]:
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
