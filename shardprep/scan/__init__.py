@@ -97,7 +97,7 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
             "classes (--format class-folders)",
             raw,
         )
-    labelled = first_files_have_labels(raw, storage_options)
+    labelled = first_files_have_labels(raw, storage_options, top)
     return InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
 
 
@@ -153,6 +153,8 @@ def scan(
         )
     elif not is_url(raw) and not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
+    elif fmt is InputFormat.KEYED:  # (class folders and tars list the top level anyway)
+        top_level(raw, storage_options)  # a URL prefix with no objects: refused as missing
     count: Callable[[int], None] = tick or (lambda _n: None)
     root = raw.rstrip("/") if is_url(raw) else os.path.abspath(raw)  # a folder or URL prefix
     options = storage_options

@@ -17,7 +17,7 @@ from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, Sin
 from shardprep.keys import split_name
 from shardprep.remote_input import read_heads
 from shardprep.scan.labels import LabelTable
-from shardprep.scan.prefix import first_files, join, walk_input
+from shardprep.scan.prefix import TopLevel, first_files, join, walk_input
 from shardprep.scan.walk import FileEntry, Problems, Tick
 from shardprep.storage import is_url
 
@@ -151,7 +151,9 @@ def is_label_file(name: str) -> bool:
     return split_name(name)[1] == LABEL_EXT
 
 
-def first_files_have_labels(root: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+def first_files_have_labels(
+    root: str, storage_options: Mapping[str, Any] | None = None, top: TopLevel | None = None
+) -> bool:
     """True if the first folder below ``root`` (sorted walk) that holds files holds a ``.cls``.
 
     Used by auto-detection: a folder of folders is keyed data only when it is
@@ -160,7 +162,7 @@ def first_files_have_labels(root: str, storage_options: Mapping[str, Any] | None
     looking at the first folder decides without depending on folder order.
     ``root`` is a folder or a URL prefix (:func:`~shardprep.scan.prefix.first_files`).
     """
-    names = first_files(root, storage_options)
+    names = first_files(root, storage_options, top)
     if names is None:
         raise InputError(f"{root}: no files found; point RAW at the dataset folder", path=root)
     return any(is_label_file(n) for n in names)

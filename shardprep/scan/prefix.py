@@ -149,13 +149,16 @@ def bounded(call: Callable[[], T], url: str, timeout: float | None = None) -> T:
     return answer
 
 
-def first_files(raw: str, storage_options: Mapping[str, Any] | None = None) -> list[str] | None:
+def first_files(
+    raw: str, storage_options: Mapping[str, Any] | None = None, top: TopLevel | None = None
+) -> list[str] | None:
     """The file names of the first folder below ``raw`` that holds files, or None if none does.
 
     "First" in a sorted, top-down walk (a folder before its sub-folders, sub-folders by name),
-    the order the scanners read in. Lists only as many folders as it takes.
+    the order the scanners read in. Lists only as many folders as it takes (``top``: the top
+    level of ``raw``, if the caller has it already).
     """
-    top = top_level(raw, storage_options)
+    top = top or top_level(raw, storage_options)
     if top.files:
         return top.file_names
     for folder in top.folders:
