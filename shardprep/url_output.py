@@ -60,7 +60,9 @@ class RemoteOutput:
         url = self.url(MANIFEST_NAME)
         path = f"{self._root}/{MANIFEST_NAME}"
         try:
-            data = bounded(lambda: self._fs.cat_file(path, 0, MAX_MANIFEST_BYTES + 1), url)
+            data = bounded(
+                lambda: self._fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1), url
+            )
         except FileNotFoundError as err:
             if "bucket" in str(err).lower():
                 raise ManifestError(describe_error(url, err), url) from err
