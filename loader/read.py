@@ -16,12 +16,31 @@ per-sample checksum of a version 3 index (``sample_hash``: a sample's bytes from
 first header to its last member's data), the only checksum checked per sample; for a
 version 2 index (per-member data checksums) they are compared, once per chunk, with
 the ones the writer makes from the index (``damaged_headers``).
+
+Mapped shards: a local uncompressed shard is read through ``mmap`` (one read-only shared
+mapping per read, of just its byte range), so a chunk's bytes are the page cache's own pages
+and the batch gather copies each byte once, straight from them (a ``read()`` into a buffer
+copied every byte once more, in the kernel). A shard is mapped only while it is the file the
+manifest describes: its size must be the manifest's ``num_bytes`` when it is opened, and before
+each mapping an ``fstat`` of the open file must still give the device, inode, size and
+modification time seen at the open; otherwise that read and the shard's next ones take the
+``read()`` path, which names the first sample a truncated shard lacks (``CorruptShardError``).
+What a mapping cannot survive: a shard truncated *in place* while one of its mappings is alive
+(between that check and the last batch gathered from the window, a fraction of a second).
+Touching a page past the new end raises SIGBUS, which Python cannot turn into an exception:
+the process dies ("killed by signal: Bus error" for a DataLoader worker, exit status -7 or 135).
+shardprep never truncates a finished shard (it writes a temporary file and renames it; a file
+replaced by rename leaves the mapped one intact), so only another program rewriting a shard
+in place (``truncate``, ``cp`` or ``rsync --inplace`` over it) can cause it; set
+``SHARDPREP_MMAP=0`` to read with ``read()`` where that may happen
+(tests/faults/test_mapped_shards.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
@@ -61,6 +80,7 @@ IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
 PRECHECK_BYTES = 64 << 10  # a chunk's v3 samples this small on average are checked at once
 INDEX_CACHE_BYTES = 12 << 20  # shard indexes kept per worker: ~66 B per sample of 2 members
+MAPPED = os.environ.get("SHARDPREP_MMAP", "1") != "0"  # map local uncompressed shards
 
 
 @dataclass(frozen=True)
@@ -566,7 +586,8 @@ class ShardReader:
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
         (everything else is still checked); for the rare job where that cost matters.
-        ``pool``: read local plain shards into reused buffers (chunks then hold views).
+        ``pool``: chunks may hold views: local plain shards are mapped (``MAPPED``, see the
+        module docstring), or read into the pool's reused buffers when they cannot be.
         ``io``: makes, from this reader, where its shard and index bytes come from instead of
         reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
         it gets the reader because a read plan needs the reader's indexes."""
@@ -585,6 +606,8 @@ class ShardReader:
         self._open_shard = -1
         self._file: BinaryIO | None = None
         self._file_size = 0
+        # the open shard's (device, inode, size, mtime) at its opening, while it may be mapped
+        self._mappable: tuple[int, int, int, int] | None = None
         self._zstd: Any = None
         if manifest.compression == "zstd":
             import zstandard
@@ -648,8 +671,18 @@ class ShardReader:
 
     def start_window(self, pieces: list[SampleRange]) -> None:
         """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them."""
-        if self._pool is not None:
+        if self._pool is not None and not self._maps():
             self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
+
+    def _maps(self) -> bool:
+        """Whether this reader maps its shards (local, uncompressed, chunks may hold views)."""
+        return (
+            MAPPED
+            and self._pool is not None
+            and self._zstd is None
+            and self.io is None
+            and not self._source.remote
+        )
 
     def sample_sizes(self, piece: SampleRange) -> IntArray:
         """Bytes each sample of ``piece`` occupies in the tar (for byte-bounded buffers)."""
@@ -786,6 +819,12 @@ class ShardReader:
                 entry = self._manifest.shards[piece.shard]
                 self._file, self._file_size = self._source.open_sized(name, entry.num_bytes)
                 self._open_shard = piece.shard
+                if self._maps() and self._file_size == entry.num_bytes:
+                    self._mappable = _identity(os.fstat(self._file.fileno()))
+            if self._mappable is not None and size > 0:
+                mapped = self._map(self._file, offset, size)
+                if mapped is not None:
+                    return mapped
             self._file.seek(offset)
             wanted = max(0, min(size, self._file_size - offset))
             if pool is None:
@@ -797,6 +836,28 @@ class ShardReader:
             return self._source.call(read, name, on_failure=self._close_file)
         except FileNotFoundError as err:
             raise self._corrupt(piece, piece.start, "shard file is missing") from err
+
+    def _map(self, file: BinaryIO, offset: int, size: int) -> memoryview | None:
+        """Bytes ``[offset, offset + size)`` of the open shard as a view of a read-only shared
+        mapping of just that range (unmapped when the last view of it goes); None, and the
+        shard is read with ``read()`` from now on, if the file is no longer the one opened
+        (another size, inode or modification time: see the module docstring)."""
+        fd = file.fileno()
+        status = os.fstat(fd)
+        if _identity(status) != self._mappable or offset + size > status.st_size:
+            self._mappable = None
+            return None
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapping = mmap.mmap(
+                fd, offset + size - start, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start
+            )
+        except OSError:  # a file system that cannot map files (ENODEV): read() it
+            self._mappable = None
+            return None
+        if hasattr(mmap, "MADV_WILLNEED"):
+            mapping.madvise(mmap.MADV_WILLNEED)  # a cold file: read ahead the whole range at once
+        return memoryview(mapping)[offset - start :]
 
     def _corrupt(self, piece: SampleRange, sample: int, reason: str) -> CorruptShardError:
         index = self.index(piece.shard)
@@ -834,8 +895,8 @@ class ShardReader:
 
     def _close_file(self) -> None:
         if self._file is not None:
-            self._file.close()
-        self._file, self._open_shard = None, -1
+            self._file.close()  # its mappings stay valid until their last view goes
+        self._file, self._open_shard, self._mappable = None, -1, None
 
 
 class RangeIO(Protocol):
@@ -853,6 +914,12 @@ class RangeIO(Protocol):
 
     def close(self) -> None:
         """Stop every thread and release every file; idempotent."""
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells an open shard file from another file or from itself changed: device, inode,
+    size, modification time (ns)."""
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def _headers_checked(chunk: Chunk) -> Chunk:
