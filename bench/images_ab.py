@@ -12,7 +12,9 @@ the page cache (``cat`` of the shardprep shards, timed, is the floor). Per run: 
 CPU-seconds per GB (the process and its reaped children: ``os.times``, steadier than wall time on
 a shared machine), the 1-minute load average and ``MemAvailable`` before it. ``--base TREE``
 adds ``shardprep-base``: the same epoch with ``TREE`` first on ``PYTHONPATH`` (an older
-checkout, for before/after in one run). shardprep runs the batch path
+checkout, for before/after in one run). ``--memory OUT``: peak memory of one in-process epoch
+beyond ``import torch``, as anonymous memory and mapped file pages
+(``SHARDPREP_MMAP=0`` for the ``read()`` path). shardprep runs the batch path
 (``ShardDataset(batch_size=64)``, ``DataLoader(batch_size=None)``), LitData its
 ``StreamingDataset`` + ``StreamingDataLoader`` with the shared bytes collate
 (``bench.peers.litdata_``), as ``python -m bench load`` does.
@@ -87,6 +89,50 @@ def child(system: str, out: str, workers: int) -> None:
     print(json.dumps({"samples": n, "bytes": nbytes, "wall": wall, "cpu": cpu}))
 
 
+def _rss() -> dict[str, float]:
+    """This process's RssAnon, RssFile (mapped file pages) and VmRSS, in MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name = line.split(":", 1)[0]
+            if name in ("RssAnon", "RssFile", "RssShmem", "VmRSS", "VmHWM"):
+                out[name] = int(line.split()[1]) / 1024
+    return out
+
+
+def memory(out: str) -> None:
+    """Peak resident memory of one in-process epoch beyond ``import torch``, split into
+    anonymous memory and mapped file pages (sampled every 2 ms by a thread; VmHWM is the
+    kernel's own peak of their sum)."""
+    import threading
+
+    import torch  # noqa: F401  (the baseline, as ``python -m bench.feeding memory``)
+    from torch.utils.data import DataLoader
+
+    from loader import ShardDataset
+
+    base = _rss()
+    peak = dict(base)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.002):
+            for name, value in _rss().items():
+                peak[name] = max(peak[name], value)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for _ in DataLoader(ShardDataset(out, seed=0, batch_size=64), batch_size=None):
+        pass
+    done.set()
+    sampler.join()
+    print(
+        f"beyond import torch (MiB): VmHWM {_rss()['VmHWM'] - base['VmRSS']:.1f}, peaks sampled: "
+        + ", ".join(f"{k} {peak[k] - base[k]:.1f}" for k in ("RssAnon", "RssFile", "RssShmem"))
+        + f" (SHARDPREP_MMAP={os.environ.get('SHARDPREP_MMAP', '1')})"
+    )
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
@@ -105,7 +151,11 @@ def main() -> None:
     parser.add_argument("--litdata-python", default="/tmp/parquet-bench-venv/bin/python")
     parser.add_argument("--only", default="", help="comma-separated systems to run")
     parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "OUT", "WORKERS"))
+    parser.add_argument("--memory", metavar="OUT", help="peak memory of one epoch of OUT")
     args = parser.parse_args()
+    if args.memory:
+        memory(args.memory)
+        return
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return
