@@ -260,6 +260,12 @@ def _workers_died(err: BaseException, scan_task: int, shard: int) -> WorkersDied
         "crash in native code ends one too (see the worker logs under /tmp/ray/session_latest/"
         "logs)"
     )
+    if type(err).__name__ in ("NodeDiedError", "LocalRayletDiedError"):
+        why = (
+            f"the Ray node running it was lost on each of its {MAX_RETRIES + 1} attempts "
+            f"({type(err).__name__}: a node stopped, was removed or lost contact; no object of "
+            "an unfinished upload is visible in OUT)"
+        )
     if shard >= 0:
         return WorkersDiedError(
             f"shard {shard}: {why}; the finished shards are kept: free memory or give Ray "
