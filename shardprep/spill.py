@@ -19,6 +19,7 @@ Columns (one file each, native byte order, in a private scratch folder):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -149,10 +150,15 @@ class InventoryStore:
         return self
 
     def close(self) -> None:
-        """Close the files still open for writing (the folder is the caller's to remove)."""
+        """Close the files still open for writing (the folder is the caller's to remove).
+
+        Only a failed scan has any: their buffered rows are discarded, so a full disk that
+        fails their last flush must not hide the scan's own error (nor leave the rest open).
+        """
         if self._writers is not None:
             for f in self._writers.values():
-                f.close()
+                with contextlib.suppress(OSError):
+                    f.close()
             self._writers = None
 
     def _flush(self) -> None:

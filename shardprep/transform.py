@@ -16,9 +16,12 @@ values (present exactly when they were given); every other entry is a member to 
 extension → bytes (``bytes``, ``bytearray`` or ``memoryview``). Members are written in the
 returned dict's order, then ``cls``, then ``weight``. Anything else (another key, another
 class, a payload that is not bytes, no member, an extension that is empty, starts with ``.``
-or ``__`` or holds ``/``) is refused with a :class:`MapError` naming the sample and shard; so
-is an exception the function raises. The build then stops; the finished shards are kept, and
-``--resume`` with the same map name (the function fixed in place) finishes the build.
+or ``__`` or holds ``/`` or a control character) is refused with a :class:`MapError` naming
+the sample and shard; so is an exception the function raises, ``SystemExit`` (``sys.exit``)
+included (``KeyboardInterrupt`` is Ctrl-C: the build stops as interrupted). The build then
+stops; the finished shards are kept, and ``--resume`` with the same map name (the function
+fixed in place) finishes the build. A map that ends its process itself (``os._exit``) cannot
+be caught: with ``--workers 1`` the build's own process ends there, exit status and all.
 
 The manifest records the map as ``"map": "module:qualname"``; ``--resume`` compares that
 name, not the function's code.
@@ -157,7 +160,9 @@ def load_map(spec: str | Callable[[Sample], Any] | SampleMap | None) -> SampleMa
             sys.path.insert(0, os.getcwd())
         try:
             fn = _lookup(spec)
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # a module that calls sys.exit() as it is imported too
             raise PlanError(
                 f"--map {spec}: cannot import it ({type(err).__name__}: {err}); MODULE must be "
                 "importable from the current folder or the Python path, FUNCTION defined in it"
@@ -190,7 +195,9 @@ def apply_map(
     where = f"shard {shard}: --map {sample_map.name} on sample {key!r} (from {source!r})"
     try:
         result = sample_map(sample)
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise  # Ctrl-C (or a map that raises it): the build's own interrupt handling
+    except BaseException as err:  # SystemExit (sys.exit) too: it must not end the build quietly
         raise MapError(
             f"{where} raised {type(err).__name__}: {err}{_place(err)}. The finished shards are "
             "kept: fix the function (same MODULE:FUNCTION) and run the same command with "
@@ -231,8 +238,11 @@ def _checked(
                 f"returned the member name {ext!r} (need an extension such as 'jpg': not "
                 "empty, no '/', not starting with '.' or '__')"
             )
-        if "\x00" in ext:
-            raise refuse(f"returned the member name {ext!r}, which holds a NUL character")
+        if any(ord(c) < 0x20 or c == "\x7f" for c in ext):
+            raise refuse(
+                f"returned the member name {ext!r}, which holds a control character (a tab, a "
+                "newline, NUL...): name members with printable characters"
+            )
         if not isinstance(value, bytes | bytearray | memoryview):
             hint = " (encode it, e.g. value.encode())" if isinstance(value, str) else ""
             raise refuse(f"returned {type(value).__name__} for member {ext!r}, not bytes{hint}")

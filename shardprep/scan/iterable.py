@@ -41,6 +41,8 @@ __all__ = ["FILE_BYTES", "FILE_SAMPLES", "Spilled", "spill_samples"]
 
 FILE_BYTES = 256 << 20  # a new spill tar after this many bytes: the scan reads them in parallel
 FILE_SAMPLES = 16_384  # ... or after this many samples (a scan task per file: ~1 s each)
+MAX_CLASS_INDEX = (1 << 20) - 1  # the manifest names every class from 0 to the largest index
+MAX_EXTENSIONS = 1 << 16  # distinct member extensions in one input (stored as uint16)
 KEY_FIELD = "__key__"
 LABEL_FIELD = "cls"
 _EXT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -80,10 +82,12 @@ def spill_samples(
     """
     spill = _SpillFiles(folder, file_bytes or FILE_BYTES, file_samples or FILE_SAMPLES)
     labels = _LabelKind()
+    exts: set[str] = set()
     try:
         for position, sample in enumerate(samples):
             key, members, (label, is_int) = _check_sample(position, sample, reserved)
             labels.check(key, label, is_int)
+            _check_extension_count(key, members, exts)
             spill.add(key, members, label)
             tick(1)
     finally:
@@ -167,6 +171,17 @@ def _payload(key: str, ext: str, value: Any) -> bytes:
     )
 
 
+def _check_extension_count(key: str, members: list[tuple[str, bytes]], seen: set[str]) -> None:
+    """At most MAX_EXTENSIONS distinct member extensions in the whole input."""
+    seen.update(ext for ext, _ in members)
+    if len(seen) > MAX_EXTENSIONS:
+        raise InputError(
+            f"sample {key!r} brings the number of distinct member extensions to {len(seen):,}; "
+            f"a build holds at most {MAX_EXTENSIONS:,}: keep per-item data inside a member "
+            "(an .npz, a .json, a .tar) instead of one member name per item"
+        )
+
+
 def _label_text(key: str, value: Any, present: bool) -> tuple[str | None, bool]:
     """The ``.cls`` text of a sample's label (``str(index)`` for an int; None if unlabelled)
     and whether it was an int."""
@@ -177,6 +192,7 @@ def _label_text(key: str, value: Any, present: bool) -> tuple[str | None, bool]:
             raise InputError(
                 f"sample {key!r}: cls {int(value)} is negative; class indices are >= 0"
             )
+        _check_class_index(key, int(value))
         return str(int(value)), True
     if isinstance(value, str):
         if not value.strip() or value != value.strip():
@@ -184,11 +200,24 @@ def _label_text(key: str, value: Any, present: bool) -> tuple[str | None, bool]:
                 f"sample {key!r}: cls {value!r} is not a class name: names must be non-empty "
                 "without leading or trailing whitespace"
             )
+        if value.isdecimal() and value.isascii():
+            _check_class_index(key, int(value))
         return value, False
     raise InputError(
         f"sample {key!r}: cls is a {type(value).__name__} ({value!r}); give an int class "
         "index or a str class name (or leave cls out of every sample)"
     )
+
+
+def _check_class_index(key: str, index: int) -> None:
+    """A class index names every class up to it in the manifest: refuse absurd ones."""
+    if index > MAX_CLASS_INDEX:
+        raise InputError(
+            f"sample {key!r}: cls {index} is a class index above {MAX_CLASS_INDEX:,} (the "
+            "manifest lists every class from 0 to the largest index, so this one would need "
+            f"{index + 1:,} class names): renumber the classes from 0, or give class names "
+            "(non-numeric strs), which are numbered in sorted order"
+        )
 
 
 class _LabelKind:

@@ -50,6 +50,8 @@ BATCH_BYTES = 32 << 20  # rows read at a time: about this many bytes of the row 
 MAX_BATCH_ROWS = 1 << 16
 READ_BUFFER = 8 << 20  # pyarrow's buffered reads of a column chunk (no whole-group pre-buffer)
 RESERVED_EXTS = ("cls", "weight")  # members the writer adds itself
+MAX_CLASS_INDEX = (1 << 20) - 1  # the manifest names every class from 0 to the largest index
+MAX_EXTENSIONS = 1 << 16  # distinct member extensions in one input (stored as uint16)
 _EXT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
@@ -153,11 +155,19 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
         if field.name in (key, label):
             continue
         kind = field.type
-        if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or _is_binary_view(kind):
+        if _is_bytes(kind):
             _check_ext(field.name, where)
             binary.append(field.name)
         elif pa.types.is_struct(kind) and _is_bytes_struct(kind):
             structs.append(field.name)
+        elif _holds_bytes(kind):
+            raise ParquetInputError(
+                f"{where}: column {field.name!r} ({kind}) holds bytes inside a list, struct or "
+                "map; only a top-level binary column (one member per row) or a Hugging Face "
+                "{bytes, path} column can become a member, and bytes cannot go into the "
+                "sample's .json: split it into binary columns, or drop it",
+                where,
+            )
         else:
             meta.append(field.name)
     if not binary and not structs:
@@ -169,6 +179,28 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
     return _Columns(tuple(binary), tuple(structs), key, label, tuple(meta))
 
 
+def _is_bytes(kind: Any) -> bool:
+    """A column of one byte string per row: binary in any Arrow layout (large, view, fixed
+    size), or dictionary-encoded binary (what a Parquet dictionary page can read back as)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return bool(
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+        or _is_binary_view(kind)
+    )
+
+
+def _holds_bytes(kind: Any) -> bool:
+    """True for a nested type (list, struct, map) with a binary type anywhere inside."""
+    if _is_bytes(kind):
+        return True
+    return any(_holds_bytes(kind.field(i).type) for i in range(getattr(kind, "num_fields", 0)))
+
+
 def _is_binary_view(kind: Any) -> bool:
     import pyarrow as pa
 
@@ -178,15 +210,11 @@ def _is_binary_view(kind: Any) -> bool:
 
 def _is_bytes_struct(kind: Any) -> bool:
     """A Hugging Face Image/Audio storage type: a struct with a binary ``bytes`` field."""
-    import pyarrow as pa
 
     index = kind.get_field_index("bytes")
     if index < 0:
         return False
-    inner = kind.field(index).type
-    return bool(
-        pa.types.is_binary(inner) or pa.types.is_large_binary(inner) or _is_binary_view(inner)
-    )
+    return _is_bytes(kind.field(index).type)
 
 
 def _check_ext(ext: str, where: str) -> None:
@@ -280,6 +308,7 @@ def scan_parquet(
     base = _base(raw, files)
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable()
+    seen: set[str] = set()  # member extensions the struct columns' paths gave, all files
     builder: Any = None
     first: tuple[str, _Columns] | None = None
     for location in files:
@@ -296,15 +325,31 @@ def scan_parquet(
                     f"{first[1]}); every Parquet file of one input must have the same columns",
                     where,
                 )
-            spill = _Spill(os.path.join(root, rel))
+            spill = _Spill(_spill_path(root, rel, location))
             try:
-                for rows in _read(parquet, columns, where, rel, labels, spill):
+                for rows in _read(parquet, columns, where, rel, labels, spill, seen):
                     for stem, label, parts, meta in rows:
                         builder.add(stem, label, parts, spill.path, meta)
                     tick(len(rows))
             finally:
                 spill.close()
     return labels.freeze(builder)
+
+
+def _spill_path(root: str, rel: str, location: str) -> str:
+    """Where the payloads of the Parquet file at ``rel`` (relative to the input) are copied.
+
+    An object store's key may hold ``..`` segments: a name that would lead out of ``root``
+    is refused, so the spill never writes outside the build's scratch folder.
+    """
+    path = os.path.normpath(os.path.join(root, rel))
+    if not path.startswith(root.rstrip(os.sep) + os.sep):
+        raise ParquetInputError(
+            f"{location}: its name leads out of the input folder ({rel!r}); rename the "
+            "object (no '..' or '.' path segments) or leave it out of the input",
+            location,
+        )
+    return path
 
 
 def _base(raw: str, files: list[str]) -> str:
@@ -337,12 +382,18 @@ class _open:  # noqa: N801 (a context manager used like a function)
                 source: Any = self._handle
             else:
                 source = location
-            self._parquet = self._pq.ParquetFile(source, buffer_size=READ_BUFFER, pre_buffer=False)
+            self._parquet = self._pq.ParquetFile(
+                source,
+                buffer_size=READ_BUFFER,
+                pre_buffer=False,
+                page_checksum_verification=True,  # pages written with CRCs are checked
+            )
         except (pa.ArrowInvalid, pa.ArrowException) as err:
             self._close()
             raise ParquetInputError(
-                f"{location}: not a Parquet file ({err}); remove it from the input or pass "
-                "the Parquet files alone",
+                f"{location}: not a Parquet file, or one cut short (its footer is missing: "
+                f"{err}); remove it from the input or pass the Parquet files alone, or copy "
+                "the whole file again",
                 location,
             ) from err
         except OutputError:
@@ -367,16 +418,27 @@ _Row = tuple[str, int, list[tuple[str, int, int]], bytes | None]  # stem, label,
 
 
 def _read(
-    parquet: Any, columns: _Columns, where: str, rel: str, labels: LabelTable, spill: _Spill
+    parquet: Any,
+    columns: _Columns,
+    where: str,
+    rel: str,
+    labels: LabelTable,
+    spill: _Spill,
+    seen: set[str],
 ) -> Iterator[list[_Row]]:
-    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled."""
+    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled.
+
+    After a batch larger than BATCH_BYTES (a huge cell), Arrow's pool gives its freed memory
+    back to the system, so that the write stage does not start on top of it."""
+    import pyarrow as pa
+
     batch_rows = _batch_rows(parquet.metadata)
     stem_prefix = rel[: -len(SUFFIX)] if rel.lower().endswith(SUFFIX) else rel
     row = 0
     try:
         for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=True):
             n = batch.num_rows
-            members = _spill_members(batch, columns, spill, where)
+            members = _spill_members(batch, columns, spill, where, seen)
             keys = batch.column(columns.key).to_pylist() if columns.key else None
             label_values = batch.column(columns.label).to_pylist() if columns.label else None
             metas = batch.select(list(columns.meta)).to_pylist() if columns.meta else None
@@ -409,6 +471,8 @@ def _read(
                 data = json.dumps(metas[i], sort_keys=True, default=str).encode() if metas else None
                 rows.append((stem, label, parts, data))
             row += n
+            if batch.nbytes > BATCH_BYTES:
+                pa.default_memory_pool().release_unused()
             yield rows
     except ShardprepError:
         raise
@@ -433,9 +497,12 @@ _Part = tuple[str, int, int]
 
 
 def _spill_members(
-    batch: Any, columns: _Columns, spill: _Spill, where: str
+    batch: Any, columns: _Columns, spill: _Spill, where: str, seen: set[str]
 ) -> list[list[_Part | None]]:
     """Per member column, per row: (extension, size, spill offset), or None where null.
+
+    ``seen`` collects the extensions the struct columns' paths gave (refused past
+    MAX_EXTENSIONS, which the inventory cannot number).
 
     A column's values are written as one block (its Arrow data buffer), so the per-row
     work is arithmetic on the offsets array only.
@@ -451,8 +518,16 @@ def _spill_members(
         path_index = kind.get_field_index("path")
         paths = flat[path_index].to_pylist() if path_index >= 0 else [None] * len(column)
         exts = [_struct_ext(p, name) for p in paths]
-        for ext in set(exts):
+        for ext in set(exts) - seen:
             _check_ext(ext, where)
+            seen.add(ext)
+        if len(seen) > MAX_EXTENSIONS:
+            raise ParquetInputError(
+                f"{where}: the paths of column {name!r} give {len(seen):,} distinct member "
+                f"extensions so far; a build holds at most {MAX_EXTENSIONS:,}: set those paths "
+                "to names with the payload's real type (photo.jpg), or drop the path field",
+                where,
+            )
         out.append(_spill_binary(payload, exts, spill))
     return out
 
@@ -460,6 +535,8 @@ def _spill_members(
 def _spill_binary(values: Any, exts: list[str], spill: _Spill) -> list[_Part | None]:
     import pyarrow as pa
 
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
     if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
         values = values.cast(pa.large_binary())
     width = np.int64 if pa.types.is_large_binary(values.type) else np.int32
@@ -506,6 +583,22 @@ def _label_text(value: Any, where: str, number: int, stem: str, column: str) -> 
         raise ParquetInputError(
             f"{where}: row {number} (key {stem!r}): the label column {column!r} is null or "
             "empty; label every row, or name another column with --label-column",
+            where,
+        )
+    if isinstance(value, int) and value < 0:
+        raise ParquetInputError(
+            f"{where}: row {number} (key {stem!r}): label {value} in column {column!r} is a "
+            "negative class index; integer labels are class indices (>= 0): renumber them, "
+            "or store the labels as strings (class names, numbered in sorted order)",
+            where,
+        )
+    text = str(value).strip()
+    if text.isdecimal() and text.isascii() and int(text) > MAX_CLASS_INDEX:
+        raise ParquetInputError(
+            f"{where}: row {number} (key {stem!r}): label {value!r} in column {column!r} is a "
+            f"class index above {MAX_CLASS_INDEX:,} (the manifest lists every class from 0 to "
+            f"the largest index, so it would need {int(text) + 1:,} class names): renumber "
+            "the classes from 0, or store them as non-numeric names",
             where,
         )
     return str(value)
