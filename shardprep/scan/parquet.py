@@ -426,12 +426,7 @@ def _read(
     spill: _Spill,
     seen: set[str],
 ) -> Iterator[list[_Row]]:
-    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled.
-
-    After a batch larger than BATCH_BYTES (a huge cell), Arrow's pool gives its freed memory
-    back to the system, so that the write stage does not start on top of it."""
-    import pyarrow as pa
-
+    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled."""
     batch_rows = _batch_rows(parquet.metadata)
     stem_prefix = rel[: -len(SUFFIX)] if rel.lower().endswith(SUFFIX) else rel
     row = 0
@@ -471,8 +466,6 @@ def _read(
                 data = json.dumps(metas[i], sort_keys=True, default=str).encode() if metas else None
                 rows.append((stem, label, parts, data))
             row += n
-            if batch.nbytes > BATCH_BYTES:
-                pa.default_memory_pool().release_unused()
             yield rows
     except ShardprepError:
         raise
