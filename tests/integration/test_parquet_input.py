@@ -240,7 +240,7 @@ def test_ray_engine_writes_the_same_bytes(raw: Path, reference: Path) -> None:
     out = raw.parent / "out-ray"
     script = (
         "import sys, ray, shardprep\n"
-        "ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
+        "ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
         "try:\n"
         f"    shardprep.build(sys.argv[1], sys.argv[2], shards={SHARDS}, engine='ray', progress=False)\n"
         "finally:\n"
