@@ -1,8 +1,11 @@
 """Source: where a build lives (local folder or URL) and reading its files, bounded and retried.
 
 Local paths and ``file://`` URLs use plain file I/O. Any other URL
-(``http(s)://``, ``s3://``, ...) goes through fsspec, which must be installed
-(``pip install "shardprep[remote]"``, plus s3fs for S3).
+(``http(s)://``, ``s3://``, ...) is read through a fetch backend
+(``loader.fetch``): obstore for ``s3://``, ``gs://`` and ``az://`` when it is
+installed (``pip install "shardprep[obstore]"``), fsspec otherwise
+(``pip install "shardprep[remote]"``, plus s3fs for S3); see
+``RemoteOptions.backend``.
 
 Remote reads get connect and read timeouts (:class:`RemoteOptions`; for
 ``http(s)`` and ``s3``) so a server that never answers cannot block for
@@ -13,14 +16,15 @@ retried ``RETRIES`` times in all with exponential backoff; then
 :class:`~loader.errors.UnreachableError` names the URL. A missing file or a
 refused permission is not transient. Every read has a size bound.
 
-That is the only retry policy: for S3 the clients' own retries are set to one
+That is the only retry policy: the clients' own retries are set to one
 try (botocore ``total_max_attempts=1``, s3fs ``retries=1``; s3fs's default nests
-two loops of 5 tries, each of which botocore retried again), and each attempt
-of a ranged read has a total deadline (:func:`attempt_deadline_s`: connect +
-read timeout + size at ``MIN_RATE``) enforced on fsspec's event loop, which
-cancels the request. A server that accepts connections and never answers
-therefore fails within :func:`worst_case_s` (about 92 s with the defaults; at
-most 122 s when connecting is slow too).
+two loops of 5 tries, each of which botocore retried again; obstore
+``max_retries=0``), and each attempt of a ranged read has a total deadline
+(:func:`attempt_deadline_s`: connect + read timeout + size at ``MIN_RATE``)
+enforced on the backend's event loop, which cancels the request. A server that
+accepts connections and never answers therefore fails within
+:func:`worst_case_s` (about 92 s with the defaults; at most 122 s when
+connecting is slow too).
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from loader import fetch as backends
 from loader.errors import UnreachableError
 from shardprep.format.errors import ManifestError
 from shardprep.format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from shardprep.format.shardformat import MANIFEST_NAME
-from shardprep.format.storage_options import merge_options
 
 __all__ = ["RemoteOptions", "Source", "attempt_deadline_s", "is_transient", "worst_case_s"]
 
@@ -46,8 +50,13 @@ RETRIES = 3  # attempts per read, in all
 BACKOFF_S = 0.5  # sleep before attempt k+1: BACKOFF_S * 2**(k-1) (0.5 s, 1 s)
 MIN_RATE = 256 << 10  # bytes/s: an attempt slower than this is cut (its total deadline)
 CLIENT_PAUSE_S = 0.2  # s3fs sleeps 0.1 s after a failed call, in each of its two nested loops
-_S3 = ("s3", "s3a")
-_NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_NOT_TRANSIENT = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    backends.RequestRefusedError,
+)
 _TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
 _HTTP = ("http", "https")
 
@@ -78,6 +87,12 @@ class RemoteOptions:
     indexes are kept there, shared safely by every worker and rank of a
     node, evicted least recently used beyond ``cache_limit`` bytes (None: no
     limit). See docs/loader.md, "Remote outputs".
+
+    ``backend`` (``loader.fetch``): ``"auto"`` reads ``s3://``, ``gs://`` and
+    ``az://`` with obstore when it is installed and the ``storage_options``
+    translate (else fsspec, with one warning), ``"obstore"`` insists (refusing
+    an option it cannot translate, naming it), ``"fsspec"`` never uses obstore.
+    The timeouts, the attempts and the deadlines are the same with both.
     """
 
     connect_timeout_s: float = 10.0
@@ -88,8 +103,13 @@ class RemoteOptions:
     max_requests: int = 8
     cache_dir: str | None = None
     cache_limit: int | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.backend not in backends.BACKENDS:
+            raise ValueError(
+                f"backend must be one of {', '.join(backends.BACKENDS)}, not {self.backend!r}"
+            )
         if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
             raise ValueError("connect_timeout_s and read_timeout_s must be positive")
         if self.read_ahead_bytes < 0 or self.request_bytes < 1 or self.max_requests < 1:
@@ -115,6 +135,7 @@ class Source:
         self.remote = "://" in self.root
         self.protocol = self.root.split("://", 1)[0] if self.remote else "file"
         self.options = remote or RemoteOptions()
+        self._backends: dict[tuple[int, bool], backends.Backend] = {}  # (pid, setup) -> backend
 
     def path(self, name: str) -> str:
         """Full path or URL of file ``name`` of the output."""
@@ -122,50 +143,20 @@ class Source:
 
     def _filesystem(self) -> Any:
         """The fsspec filesystem (fsspec caches instances per process and options)."""
-        try:
-            import fsspec
-            import fsspec.config
-        except ImportError as err:
-            raise ManifestError(
-                f"reading {self.root} needs fsspec: pip install 'shardprep[remote]'", self.root
-            ) from err
-        cls = fsspec.get_filesystem_class(self.protocol)
-        if self.protocol in _S3:
-            cls = _one_try_s3(cls)
-        protocols = cls.protocol if isinstance(cls.protocol, (tuple, list)) else [cls.protocol]
-        options = self._default_options()
-        for p in protocols:
-            options = merge_options(options, fsspec.config.conf.get(p, {}))
-        return cls(**merge_options(options, self.options.storage_options))
+        return backends.filesystem(self.protocol, self.root, self.options)
 
-    def _default_options(self) -> dict[str, Any]:
-        connect, read = self.options.connect_timeout_s, self.options.read_timeout_s
-        if self.protocol in _HTTP:
-            import aiohttp
-
-            timeout = aiohttp.ClientTimeout(
-                total=None, connect=connect, sock_connect=connect, sock_read=read
-            )
-            return {"client_kwargs": {"timeout": timeout}}
-        if self.protocol in _S3:
-            # one HTTP attempt per call: RETRIES in call() is the only retry policy
-            retries = {"total_max_attempts": 1, "mode": "standard"}
-            return {
-                "config_kwargs": {
-                    "connect_timeout": connect,
-                    "read_timeout": read,
-                    "retries": retries,
-                }
+    def backend(self, setup: bool = False) -> backends.Backend:
+        """This process's fetch backend (``loader.fetch.backend_for``; ``setup``: for the reads
+        made while a dataset is set up, which keep the process fork-safe)."""
+        key = (os.getpid(), setup)
+        chosen = self._backends.get(key)
+        if chosen is None:
+            chosen = backends.backend_for(self.protocol, self.root, self.options, setup)
+            self._backends = {
+                key: chosen,
+                **{k: v for k, v in self._backends.items() if k[0] == key[0]},
             }
-        return {}
-
-    def _deadline(self, fs: Any, size: int) -> dict[str, float]:
-        """fsspec's ``timeout`` for one attempt of a ``size``-byte read, where fsspec takes one:
-        a blocking call of an async filesystem runs ``asyncio.wait_for`` on fsspec's loop, which
-        cancels the request (nothing is left waiting) and raises ``FSTimeoutError``."""
-        if getattr(fs, "async_impl", False) and not getattr(fs, "asynchronous", False):
-            return {"timeout": attempt_deadline_s(self.options, size)}
-        return {}
+        return chosen
 
     def open(self, name: str, size: int | None = None) -> BinaryIO:
         """Open file ``name`` for binary reading (seekable); ``size``, if known, spares a HEAD."""
@@ -184,8 +175,9 @@ class Source:
             raise
         return f, actual
 
-    def read_bytes(self, name: str, limit: int) -> bytes:
-        """The whole content of file ``name``, which must not exceed ``limit`` bytes.
+    def read_bytes(self, name: str, limit: int, setup: bool = False) -> bytes:
+        """The whole content of file ``name``, which must not exceed ``limit`` bytes (``setup``:
+        read while a dataset is set up, see :meth:`backend`).
 
         Raises:
             ManifestError: the file is larger than ``limit``.
@@ -196,7 +188,7 @@ class Source:
             with self.open(name) as f:
                 return f.read(limit + 1)
 
-        data = self._read_remote(name, limit + 1) if self.remote else self.call(read, name)
+        data = self._read_remote(name, limit + 1, setup) if self.remote else self.call(read, name)
         if len(data) > limit:
             raise ManifestError(
                 f"{self.path(name)}: larger than the {limit} bytes expected; "
@@ -205,7 +197,7 @@ class Source:
             )
         return data
 
-    def _read_remote(self, name: str, most: int) -> bytes:
+    def _read_remote(self, name: str, most: int, setup: bool = False) -> bytes:
         """Up to ``most`` bytes of remote file ``name`` from its start, in ranged GETs of at
         most ``request_bytes`` (no HEAD), each a :meth:`fetch`: its deadline is the one of its
         own size, not of ``most`` (a manifest's bound of 256 MiB gave a server trickling it
@@ -214,60 +206,34 @@ class Source:
         start = 0
         while start < most:
             stop = min(start + self.options.request_bytes, most)
-            part = self.fetch(name, start, stop)
+            part = self.fetch(name, start, stop, setup)
             parts.append(part)
             if len(part) < stop - start:  # the file ends here
                 break
             start = stop
         return b"".join(parts)
 
-    def fetch(self, name: str, start: int, stop: int) -> bytes:
+    def fetch(self, name: str, start: int, stop: int, setup: bool = False) -> bytes:
         """Bytes ``[start, stop)`` of remote file ``name`` in one ranged GET, retried.
 
         Fewer bytes only where the file ends (none if it ends before ``start``).
 
         Raises:
             FileNotFoundError: the file does not exist.
+            PermissionError: the server refused the credentials (obstore backend).
             UnreachableError: the server kept failing (see :meth:`call`).
         """
-        return self.call(lambda: self._cat(self._filesystem(), name, start, stop), name)
-
-    def _cat(self, fs: Any, name: str, start: int, stop: int) -> bytes:
-        """One attempt at bytes ``[start, stop)`` of ``name`` (none past the end of the file)."""
-        try:
-            data: bytes = fs.cat_file(
-                self.path(name), start=start, end=stop, **self._deadline(fs, stop - start)
-            )
-        except OSError as err:
-            if _past_the_end(err):
-                return b""
-            raise
-        return data
+        if stop <= start:
+            return b""
+        url, deadline = self.path(name), attempt_deadline_s(self.options, stop - start)
+        return self.call(lambda: self.backend(setup).cat(url, start, stop, deadline), name)
 
     def fetch_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        """``fetch(name, start, stop)`` for each range, concurrently where fsspec can
-        (``cat_ranges``: one asyncio gather for s3fs, gcsfs, http), retried as a whole."""
-        path = self.path(name)
-
-        def read() -> list[bytes]:
-            fs = self._filesystem()
-            starts, stops = [a for a, _ in ranges], [b for _, b in ranges]
-            size = sum(b - a for a, b in ranges)  # fetched at once: they share the link
-            try:
-                data: list[bytes] = fs.cat_ranges(
-                    [path] * len(ranges),
-                    starts,
-                    stops,
-                    on_error="raise",
-                    **self._deadline(fs, size),
-                )
-            except OSError as err:
-                if _past_the_end(err):  # the file is shorter than expected: range by range
-                    return [self._cat(fs, name, a, b) for a, b in ranges]
-                raise
-            return data
-
-        return self.call(read, name)
+        """``fetch(name, start, stop)`` for each range, concurrently (fsspec's ``cat_ranges``,
+        obstore's ``get_ranges``), under one deadline for their total size, retried as a whole."""
+        url = self.path(name)
+        deadline = attempt_deadline_s(self.options, sum(b - a for a, b in ranges))
+        return self.call(lambda: self.backend().cat_ranges(url, ranges, deadline), name)
 
     def manifest(self) -> Manifest:
         """Read and validate the output's manifest.
@@ -279,7 +245,7 @@ class Source:
         if not self.remote and not os.path.isdir(self.root):
             raise ManifestError(self._not_an_output(), self.root)
         try:
-            data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+            data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES, setup=True)
         except FileNotFoundError as err:
             raise ManifestError(
                 f"{self.path(MANIFEST_NAME)}: no manifest; is this a finished shardprep "
@@ -355,24 +321,6 @@ def worst_case_s(options: RemoteOptions, size: int = 0) -> float:
     """
     backoff = sum(BACKOFF_S * 2.0**attempt for attempt in range(RETRIES - 1))
     return RETRIES * (attempt_deadline_s(options, size) + CLIENT_PAUSE_S) + backoff
-
-
-def _one_try_s3(cls: Any) -> Any:
-    """s3fs's filesystem class with ``retries=1`` (``loader.s3client``), or ``cls`` itself when
-    another implementation is registered for ``s3://``."""
-    import s3fs
-
-    if cls is not s3fs.S3FileSystem:
-        return cls
-    from loader.s3client import OneTryS3FileSystem
-
-    return OneTryS3FileSystem
-
-
-def _past_the_end(err: OSError) -> bool:
-    """A ranged GET that starts past the end of the object (HTTP 416, s3fs's EINVAL)."""
-    text = str(err).lower()
-    return "range" in text and ("not satisfiable" in text or "416" in text)
 
 
 def is_transient(err: BaseException) -> bool:
