@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--sp", help="the shardprep build (uncompressed)")
     parser.add_argument("--ld", help="the LitData build of the same tree")
     parser.add_argument("--base", help="an older checkout: adds 'shardprep-base'")
+    parser.add_argument("--tree", help="the checkout 'shardprep' runs (default: this one)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--litdata-python", default="/tmp/parquet-bench-venv/bin/python")
@@ -165,7 +166,8 @@ def main() -> None:
     systems: list[tuple[str, str, list[str], dict[str, str]]] = []
     me = [sys.executable, "-m", "bench.images_ab", "--child"]
     path = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
-    systems.append(("shardprep", args.sp, me, {**env, "PYTHONPATH": path}))
+    tree = os.pathsep.join([args.tree, HERE]) if args.tree else path
+    systems.append(("shardprep", args.sp, me, {**env, "PYTHONPATH": tree}))
     if args.base:
         base = os.pathsep.join([args.base, HERE])  # the older loader, this bench
         systems.append(("shardprep-base", args.sp, me, {**env, "PYTHONPATH": base}))
