@@ -9,13 +9,17 @@ goes through ``tests.s3.Proxy``, which adds ``--latency-ms`` to every request
 and paces every connection at ``--bandwidth-mbs``: a stand-in for a region's
 round trip and per-connection bandwidth. Each row is one epoch (batch 64,
 shuffle on) in a fresh process (``bench.runner``), DataLoader ``num_workers``
-0 and 2:
+0 and 2. Every figure is measured once per round and the rounds go
+round-robin over all of them (``--repeats`` rounds; median and min–max):
 
 * ``epoch 1``: nothing cached (shardprep streams with read-ahead; with
   ``cache_dir`` it also fills the cache; MDS and LitData download into
   their caches);
 * ``epoch 2``: the same cache folder, warm;
-* ``floor``: 8 concurrent whole-object GETs of shardprep's 16 shards;
+* ``floor``: 8 concurrent whole-object GETs of shardprep's 16 shards (s3fs, and
+  obstore: ``floor obstore``);
+* ``shardprep``: the default fetch backend (obstore when installed),
+  ``shardprep fsspec``: ``RemoteOptions(backend="fsspec")``;
 * ``local``: shardprep over the same build on local disk.
 
 MB/s counts payload bytes for every row. Results: ``WORK/remote-results.json``
@@ -34,16 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.build import BY_NAME, ensure_built
-from bench.harness import DEFAULT_WORK, REPO, Config, dataset, log, repeat, rm, run_task
+from bench.harness import DEFAULT_WORK, REPO, Config, dataset, log, median_dict, rm, run_task
 
 BATCH = 64
 SHARDS = 16
 BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
-IMPORTS = {"shardprep": ("s3fs",), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
+BACKENDS = {"shardprep": "auto", "shardprep fsspec": "fsspec", "shardprep cache": "auto"}
+IMPORTS = {"shardprep": ("s3fs", "obstore"), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
 LABELS = {
     "floor": "floor: 8 concurrent whole-object GETs (s3fs)",
+    "floor obstore": "floor: 8 concurrent whole-object GETs (obstore)",
     "local": "shardprep, same build on local disk",
-    "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead",
+    "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead (obstore)",
+    "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "mds": "MosaicML StreamingDataset (remote → local)",
     "litdata": "LitData StreamingDataset",
@@ -56,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=6000, help="images samples (default 6000)")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
     p.add_argument("--bandwidth-mbs", type=float, default=100.0, help="per connection, MB/s")
-    p.add_argument("--repeats", type=int, default=1, help="measured runs per figure (median)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds, round-robin (median, spread)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
     p.add_argument("--workers", default="0,2", help="DataLoader num_workers to measure")
-    p.add_argument("--systems", default="shardprep,shardprep cache,mds,litdata")
+    p.add_argument("--systems", default="shardprep,shardprep fsspec,shardprep cache,litdata,mds")
     p.add_argument("--out", type=Path, default=None, help="write the markdown page here")
     a = p.parse_args(argv)
     cfg = Config.make(False, a.work_dir, a.repeats, "")
@@ -116,25 +123,44 @@ def run(
             "samples": n,
             "payload_bytes": total,
         }
-        rows["floor | w0"] = repeat(cfg, lambda: _measure(cfg, floor, n, total), "floor")
-        rows["local | w0"] = _load_rows(cfg, "shardprep", str(outs["shardprep"]), {}, 0, n, total)
+        cells: dict[str, Any] = {}  # key -> once(): one run (a dict), or {key: run} for a pair
+        for client in ("s3fs", "obstore"):
+            spec = {**floor, "client": client}
+            key = "floor | w0" if client == "s3fs" else "floor obstore | w0"
+            cells[key] = lambda spec=spec: _measure(cfg, spec, n, total)
+        cells["local | w0"] = _load_cell(cfg, "shardprep", str(outs["shardprep"]), {}, 0, n, total)
+        caches = []
         for system in systems:
             peer = system.split()[0]
             url = f"s3://bench/{peer}"
             for w in workers:
                 cache = cfg.work / "remote-cache" / f"{system.replace(' ', '-')}-w{w}"
-                rm(cache)
+                cached = system in ("shardprep cache", "mds", "litdata")
                 remote = {
                     "storage_options": options,
                     "boto3_options": _boto3_options(env),
-                    "cache_dir": None if system == "shardprep" else str(cache),
+                    "cache_dir": str(cache) if cached else None,
+                    "backend": BACKENDS.get(system, "auto"),
                 }
-                for epoch in (1, 2) if remote["cache_dir"] else (1,):
-                    key = f"{system} | w{w} | epoch {epoch}"
-                    # epoch 1: every run starts from an empty cache; epoch 2: the last one's cache
-                    fresh = cache if epoch == 1 else None
-                    rows[key] = _load_rows(cfg, peer, url, {"remote": remote}, w, n, total, fresh)
-                rm(cache)
+                key = f"{system} | w{w}"
+                once = _load_cell(cfg, peer, url, {"remote": remote}, w, n, total)
+                if cached:  # epoch 1 from an empty cache, then epoch 2 on what it left
+                    caches.append(cache)
+                    once = _epochs(once, cache, key)
+                else:
+                    key += " | epoch 1"
+                cells[key] = once
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for round_ in range(cfg.repeats):
+            log(f"round {round_ + 1}/{cfg.repeats}")
+            for key, once in cells.items():
+                result = once()
+                for k, r in result.get("epochs", {key: result}).items():
+                    runs.setdefault(k, []).append(r)
+        for key, results in runs.items():
+            rows[key] = _summary(results, key)
+        for cache in caches:
+            rm(cache)
     return {
         "rows": rows,
         "meta": {
@@ -153,17 +179,10 @@ def run(
     }
 
 
-def _load_rows(
-    cfg: Config,
-    peer: str,
-    out: str,
-    params: dict[str, Any],
-    w: int,
-    n: int,
-    total: int,
-    empty: Path | None = None,
-) -> dict[str, Any]:
-    """One figure; ``empty``: a cache folder removed before every run."""
+def _load_cell(
+    cfg: Config, peer: str, out: str, params: dict[str, Any], w: int, n: int, total: int
+) -> Any:
+    """One epoch of ``peer`` over ``out`` in a fresh process: a function of no arguments."""
     spec = {
         "task": "load",
         "system": peer,
@@ -174,14 +193,33 @@ def _load_rows(
         # the storage client each system imports lazily counts as import time, not epoch time
         "imports": IMPORTS[peer] if params.get("remote") else (),
     }
+    return lambda: _measure(cfg, spec, n, total)
 
-    def once() -> dict[str, Any]:
-        if empty is not None:
-            rm(empty)
-        return _measure(cfg, spec, n, total)
 
-    label = f"{peer} {out} w{w}{' cold' if empty else ''}"
-    return repeat(cfg, once, label)
+def _epochs(once: Any, cache: Path, key: str) -> Any:
+    """Epoch 1 from an emptied ``cache``, then epoch 2 on what it left:
+    ``{"epochs": {key | epoch k: run}}``."""
+
+    def both() -> dict[str, Any]:
+        rm(cache)
+        return {"epochs": {f"{key} | epoch 1": once(), f"{key} | epoch 2": once()}}
+
+    return both
+
+
+def _summary(results: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """Median of every numeric field over the rounds, and the spread of MB/s."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {"error": failed[0]["error"], "runs": len(results) - len(failed)}
+    med = median_dict(results)
+    med["runs"] = len(results)
+    med["mb_s_runs"] = [r["mb_s"] for r in results]
+    med["complete"] = all(r.get("complete") for r in results)
+    log(
+        f"  {label}: MB/s {med['mb_s']:.0f} ({min(med['mb_s_runs']):.0f}-{max(med['mb_s_runs']):.0f})"
+    )
+    return med
 
 
 def _measure(cfg: Config, spec: dict[str, Any], n: int, total: int) -> dict[str, Any]:
@@ -223,15 +261,15 @@ def render(result: dict[str, Any]) -> str:
         f"{meta['minutes']:.1f} min, load average {meta['loadavg'][0]:.1f} → "
         f"{meta['loadavg'][1]:.1f} on {meta['cpus']} CPUs",
         "",
-        "| system | num_workers | epoch | MB/s | epoch s | TTFB s | MB/s after the first batch "
-        "| peak PSS MiB | complete |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| system | num_workers | epoch | MB/s (median) | MB/s min–max | epoch s | TTFB s "
+        "| MB/s after the first batch | peak PSS MiB | complete |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key, r in rows.items():
         name, workers, *epoch = [part.strip() for part in key.split("|")]
         head = f"| {LABELS.get(name, name)} | {workers[1:]} | {epoch[0] if epoch else ''} "
         if "error" in r:
-            lines.append(head + f"| n/a: {r['error'][:120]} | | | | | |")
+            lines.append(head + f"| n/a: {r['error'][:120]} | | | | | | |")
             continue
         ttfb = f"{r['ttfb_s']:.2f}" if r.get("ttfb_s") is not None else ""
         after = (
@@ -241,10 +279,38 @@ def render(result: dict[str, Any]) -> str:
         )
         pss = f"{r['peak_pss'] / 2**20:.0f}" if r.get("peak_pss") else ""
         lines.append(
-            head + f"| {r['mb_s']:.1f} | {r['epoch_s']:.2f} | {ttfb} | {after} | {pss} | "
+            head + f"| {r['mb_s']:.1f} | {_spread(r)} | {r['epoch_s']:.2f} | {ttfb} | {after} "
+            f"| {pss} | "
             f"{'yes' if r.get('complete') else 'NO'} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + ratios(rows)) + "\n"
+
+
+def _spread(r: dict[str, Any]) -> str:
+    runs = r.get("mb_s_runs") or [r["mb_s"]]
+    return f"{min(runs):.0f}–{max(runs):.0f}"
+
+
+def ratios(rows: dict[str, Any]) -> list[str]:
+    """First-epoch ratios (medians of the same run): shardprep against LitData and the floors."""
+    out = ["| first epoch | " + " | ".join(f"w{w}" for w in (0, 2)) + " |", "|---|---:|---:|"]
+
+    def mb(key: str) -> float | None:
+        r = rows.get(key)
+        return None if r is None or "error" in r else float(r["mb_s"])
+
+    for system in ("shardprep", "shardprep fsspec"):
+        for other, label in (
+            ("litdata | w{w} | epoch 1", "LitData"),
+            ("floor | w0", "floor (s3fs)"),
+            ("floor obstore | w0", "floor (obstore)"),
+        ):
+            cells = []
+            for w in (0, 2):
+                a, b = mb(f"{system} | w{w} | epoch 1"), mb(other.format(w=w))
+                cells.append(f"{a / b:.2f}×" if a and b else "")
+            out.append(f"| {LABELS.get(system, system)} / {label} | " + " | ".join(cells) + " |")
+    return out
 
 
 if __name__ == "__main__":

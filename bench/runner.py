@@ -190,14 +190,29 @@ def task_get_floor(spec: dict[str, Any]) -> dict[str, Any]:
     at a time, through s3fs (one GET each), bytes discarded."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import s3fs
-
     t = time.perf_counter()
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **spec["storage_options"])
+    if spec.get("client") == "obstore":  # the same GETs in Rust (loader.obstore_backend's store)
+        import obstore
+
+        from loader.obstore_backend import ObstoreBackend
+
+        store, _ = ObstoreBackend("s3", spec["storage_options"], 10, 30)._store("s3://bench/x")
+
+        def get(url: str) -> int:
+            return len(obstore.get(store, url.split("/", 1)[1]).bytes())
+
+    else:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **spec["storage_options"])
+
+        def get(url: str) -> int:
+            return len(fs.cat_file(url))
+
     import_s = time.perf_counter() - t
     t0 = time.perf_counter()
     with ThreadPoolExecutor(spec["concurrency"]) as pool:
-        sizes = list(pool.map(lambda url: len(fs.cat_file(url)), spec["urls"]))
+        sizes = list(pool.map(get, spec["urls"]))
     return {
         "import_s": import_s,
         "epoch_s": time.perf_counter() - t0,

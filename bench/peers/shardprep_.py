@@ -83,6 +83,8 @@ def _remote(params: dict[str, Any]) -> dict[str, Any]:
     from loader import ReadOptions, RemoteOptions
 
     options = RemoteOptions(
-        storage_options=remote["storage_options"], cache_dir=remote.get("cache_dir")
+        storage_options=remote["storage_options"],
+        cache_dir=remote.get("cache_dir"),
+        backend=remote.get("backend", "auto"),
     )
     return {"read": ReadOptions(remote=options)}
