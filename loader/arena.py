@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RINGS", "Arena", "Ticket", "ring_slot"]
+__all__ = ["RINGS", "Arena", "Ticket", "receive_bytes", "ring_slot"]
 
 RINGS = platform.machine().lower() in ("x86_64", "amd64")
 MIN_BYTES = 8 << 20  # a ring holds at least this much
@@ -90,10 +90,11 @@ class Ticket:
         self.storage = storage  # the whole ring (counter included), in its first ticket only
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _receive,
-            (self.owner, self.ring, self.begin, self.size, self.consumed, self.storage),
-        )
+        return (_receive, self.fields())
+
+    def fields(self) -> tuple[Any, ...]:
+        """What crosses: the arguments of ``receive_bytes`` in the receiving process."""
+        return (self.owner, self.ring, self.begin, self.size, self.consumed, self.storage)
 
 
 class Arena:
@@ -191,8 +192,8 @@ class _Ring:
         self.pending: deque[list[int]] = deque()  # [bytes, freed] per payload, oldest first
         self.lock = threading.Lock()  # payloads are freed in any thread, in any order
 
-    def lend(self, begin: int, size: int, consumed: int) -> torch.Tensor:
-        """A tensor over the payload's bytes in the ring (no copy), released when it is freed."""
+    def lend(self, begin: int, size: int, consumed: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """An array over the payload's bytes in the ring (no copy), released when it is freed."""
         array = np.frombuffer(self.view, dtype=np.uint8, count=size, offset=begin)
         slot = [consumed, 0]
         with self.lock:
@@ -200,7 +201,7 @@ class _Ring:
         # The tensor's storage holds ``array``; once no tensor or view of it is left, ``array``
         # goes and its bytes return to the worker.
         weakref.finalize(array, self._free, slot)
-        return torch.from_numpy(array)
+        return array
 
     def _free(self, slot: list[int]) -> None:
         with self.lock:
@@ -222,6 +223,19 @@ def _receive(
     storage: torch.Tensor | None,
 ) -> torch.Tensor:
     """In the receiving process: the payload, lent from the ring until it is freed."""
+    return torch.from_numpy(receive_bytes(owner, ring, begin, size, consumed, storage))
+
+
+def receive_bytes(
+    owner: int,
+    ring: str,
+    begin: int,
+    size: int,
+    consumed: int,
+    storage: torch.Tensor | None,
+) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """In the receiving process: a payload's bytes (a ``Ticket``'s ``fields()``), lent from
+    the ring until the array and every view of it are freed."""
     with _lock:
         if storage is not None:
             for stale in [k for k, r in _received.items() if not _alive(r.owner)]:

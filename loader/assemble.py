@@ -37,7 +37,7 @@ import xxhash
 from torch.utils.data._utils.collate import default_collate
 
 from loader.arena import Arena
-from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples
+from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Crossing, Packed, collate_samples
 from loader.read import Chunk
 from shardprep.format.shardformat import payload_checksum
 
@@ -253,6 +253,169 @@ def _regular(window: Window) -> tuple[int, list[str]] | None:
             layout = (width, [window.names[f] for f in first.tolist()])
     window.__dict__["_layout"] = layout
     return layout
+
+
+FIXED_BYTES = 64  # a field whose members all have one size this small is gathered per window
+
+
+class _Columns:
+    """A regular window's fields as columns over its sample positions, for batches that need
+    no check of their own (``_columns``): field ``k`` of position ``p`` is ``size[k][p]``
+    bytes at ``start[k][p]`` of buffer ``chunk[p]`` (``chunk`` None: the window has one
+    buffer). A field of one small size is gathered once for the whole window
+    (``fixed[k]``: one row of bytes per position), so a batch takes its rows in one NumPy
+    operation instead of a slice per member; the other fields are sliced per member."""
+
+    __slots__ = ("chunk", "fixed", "largest", "names", "size", "start")
+
+    def __init__(self, window: Window, width: int, names: list[str]) -> None:
+        self.names = names
+        first = window.begin  # each position's first member
+        self.chunk = window.chunk[first] if len(window.buffers) > 1 else None
+        self.start: list[IntArray] = []
+        self.size: list[IntArray] = []
+        self.largest: list[int] = []
+        self.fixed: list[npt.NDArray[np.uint8] | None] = []
+        for k in range(width):
+            start, size = window.offset[first + k], window.size[first + k]
+            largest = int(size.max()) if len(size) else 0
+            self.start.append(start)
+            self.size.append(size)
+            self.largest.append(largest)
+            one_size = len(size) > 0 and largest <= FIXED_BYTES and not (size != largest).any()
+            self.fixed.append(_rows(window, self.chunk, start, largest) if one_size else None)
+
+    def payloads(self, window: Window, k: int, positions: IntArray) -> list[memoryview]:
+        """Field ``k``'s bytes of the samples at ``positions``, as views (no copy)."""
+        starts = self.start[k][positions].tolist()
+        sizes = self.size[k][positions].tolist()
+        if self.chunk is None:
+            whole = window.buffers[0]
+            return [whole[a : a + z] for a, z in zip(starts, sizes, strict=True)]
+        buffers = window.buffers
+        return [
+            buffers[c][a : a + z]
+            for c, a, z in zip(self.chunk[positions].tolist(), starts, sizes, strict=True)
+        ]
+
+
+def _rows(
+    window: Window, chunk: IntArray | None, start: IntArray, size: int
+) -> npt.NDArray[np.uint8]:
+    """Every position's ``size`` bytes from ``start`` (in its chunk's buffer), one row each."""
+    rows = np.empty((len(start), size), dtype=np.uint8)
+    span = np.arange(size)
+    for c, buffer in enumerate(window.buffers):
+        mine = slice(None) if chunk is None else np.flatnonzero(chunk == c)
+        if chunk is not None and not len(mine):  # type: ignore[arg-type]
+            continue
+        data = np.frombuffer(buffer, dtype=np.uint8)  # dropped on return (a view of the read)
+        rows[mine] = data[start[mine][:, None] + span]
+        del data
+    return rows
+
+
+def _columns(window: Window) -> _Columns | None:
+    """The window's columns (``_Columns``), made once; None where a batch must check its own
+    members (version 2 checksums, or version 3 samples too large to be checked at read) or
+    samples differ in their fields."""
+    cached: _Columns | None | bool = window.__dict__.get("_columns", False)
+    if cached is not False:
+        return cached  # type: ignore[return-value]
+    layout = _regular(window)
+    columns = None
+    if layout is not None and (not window.checks or window.prechecked):
+        columns = _Columns(window, *layout)
+    window.__dict__["_columns"] = columns
+    return columns
+
+
+def _fast(
+    segments: list[tuple[Window, IntArray]], position: dict[str, int], arena: Arena | None
+) -> Batch | None:
+    """The batch of small samples checked already (or unchecked) as a few NumPy operations
+    per field; None where it does not apply (``_assemble`` then makes it).
+
+    In a DataLoader worker (``arena``) every array of the batch (payloads, offsets, keys,
+    flags) is also written into the worker's ring, and the batch crosses to the main process
+    as where they lie there (``loader.batch.Crossing``), whatever their size.
+    """
+    parts: list[tuple[Window, IntArray, _Columns]] = []
+    for window, positions in segments:
+        c = _columns(window)
+        if c is None or (window.any_damaged and window.damaged[positions].any()):
+            return None
+        parts.append((window, positions, c))
+    names = parts[0][2].names
+    if any(c.names != names for _, _, c in parts):
+        return None
+    for k in range(len(names)):
+        if sum(len(p) * c.largest[k] for _, p, c in parts) >= SHARE_BYTES:
+            return None  # a large payload: copied (and checked) by _gather
+    batch = Batch()
+    batch[KEY] = _concat([w.keys[p] for w, p, _ in parts])
+    padded = _concat([w.padded[p] for w, p, _ in parts])
+    batch["__padded__"] = torch.from_numpy(padded)
+    for field in segments[0][0].extra:
+        values = [w.extra[field][p] for w, ps, _ in parts for p in ps.tolist()]
+        batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
+    arrays: list[tuple[str, Any, list[npt.NDArray[Any]]]] = []
+    count = len(padded)
+    for k, name in enumerate(names):
+        rows = [(c.fixed[k], p) for _, p, c in parts]
+        if len({c.largest[k] for _, _, c in parts}) == 1 and all(f is not None for f, _ in rows):
+            data = _concat([f[p] for f, p in rows]).reshape(-1)  # type: ignore[index]
+            offsets = np.arange(count + 1, dtype=np.int64) * parts[0][2].largest[k]
+        else:
+            offsets = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum(_concat([c.size[k][p] for _, p, c in parts]), out=offsets[1:])
+            views = [v for w, p, c in parts for v in c.payloads(w, k, p)]
+            data = np.frombuffer(bytearray().join(views), dtype=np.uint8)
+        packed = Packed(
+            torch.from_numpy(data) if len(data) else torch.empty(0, dtype=torch.uint8),
+            torch.from_numpy(offsets),
+        )
+        batch[name] = packed
+        arrays.append((name, packed, [data, offsets]))
+    batch[POSITION] = position
+    if arena is not None:
+        arrays.append((KEY, batch[KEY], [batch[KEY]]))
+        arrays.append(("__padded__", batch["__padded__"], [padded]))
+        batch.crossing = _cross(arena, arrays)
+    return batch
+
+
+ALIGN = 8  # every array of a crossing batch starts at a multiple of this in the ring
+
+
+def _cross(arena: Arena, fields: list[tuple[str, Any, list[npt.NDArray[Any]]]]) -> Crossing | None:
+    """The arrays of ``fields`` (each field's value and its arrays) written into the worker's
+    ring, one slot for the batch: how they cross (``Crossing``). None if the ring has no room
+    (the batch then crosses pickled, as before)."""
+    places: list[int] = []
+    total = 0
+    for _, _, parts in fields:
+        for part in parts:
+            places.append(total)
+            total += -(-part.nbytes // ALIGN) * ALIGN
+    slot = arena.reserve(total + ALIGN)
+    if slot is None:
+        return None
+    begin, consumed, out = slot
+    skew = -begin % ALIGN  # the ring's payloads start page-aligned: this aligns each array
+    into = np.frombuffer(out, dtype=np.uint8)
+    at = iter(places)
+    specs: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+    for field, value, parts in fields:
+        spec = []
+        for part in parts:
+            start = skew + next(at)
+            into[start : start + part.nbytes] = part.reshape(-1).view(np.uint8)
+            spec.append((start, part.dtype.str, part.size))
+        specs[field] = (value, tuple(spec))
+    del into
+    _, ticket = arena.commit(begin, consumed, total + ALIGN)
+    return Crossing(ticket, specs)
 
 
 class _Fields:
@@ -487,6 +650,9 @@ def _assemble(
 
     (A batch that spans windows: the earlier windows' samples as ``Carried`` copies.)
     """
+    fast = _fast(segments, position, arena)
+    if fast is not None:
+        return fast
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
     damaged = any(w.any_damaged and w.damaged[p].any() for w, p in segments)

@@ -36,7 +36,7 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
-__all__ = ["POSITION", "Batch", "Packed", "collate_samples", "pack"]
+__all__ = ["POSITION", "Batch", "Crossing", "Packed", "collate_samples", "pack"]
 
 POSITION = "__position__"
 KEY = "__key__"
@@ -45,15 +45,47 @@ KEY = "__key__"
 class Batch(dict):  # type: ignore[type-arg]
     """One batch of a ShardDataset with a batch size: ``{field: Packed, tensor or list}``.
 
-    Pickled (from a DataLoader worker to the main process), small tensors travel
-    inside the one message and large ones as shared memory (see ``_portable``).
+    Pickled (from a DataLoader worker to the main process), the fields its ``crossing``
+    describes travel as where their arrays lie in the worker's shared-memory ring
+    (``Crossing``); other small tensors inside the one message and large ones as shared
+    memory (see ``_portable``).
     """
 
-    def __copy__(self) -> Batch:
-        return Batch(self)
+    crossing: Crossing | None = None  # set by the assembler in a DataLoader worker
+
+    def __copy__(self) -> Batch:  # (the DataLoader's default_convert copies each batch)
+        copy = Batch(self)
+        copy.crossing = self.crossing
+        return copy
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_batch, ({field: _portable(v) for field, v in self.items()},))
+        crossing = self.crossing
+        if crossing is None:
+            return (_rebuild_batch, ({field: _portable(v) for field, v in self.items()},))
+        fields: list[tuple[str, Any, Any]] = []
+        for field, value in self.items():
+            described = crossing.specs.get(field)
+            if described is not None and described[0] is value:  # still the value written
+                fields.append((field, described[1], None))
+            else:
+                fields.append((field, None, _portable(value)))
+        return (_rebuild_crossed, (crossing.ticket.fields(), fields))
+
+
+class Crossing:
+    """How a batch made in a DataLoader worker crosses to the main process: one ticket for the
+    slot of the worker's ring (``loader.arena``) that holds its arrays, and for each field
+    described the value it describes and where its arrays lie in the slot (offset, NumPy dtype,
+    count: one-dimensional; a ``Packed`` has two: data and offsets). Only this small header is
+    pickled: in the
+    main process every array is a view of the slot (no copy), which the worker reuses once
+    every view of it is freed."""
+
+    __slots__ = ("specs", "ticket")
+
+    def __init__(self, ticket: Any, specs: dict[str, tuple[Any, tuple[Any, ...]]]) -> None:
+        self.ticket = ticket
+        self.specs = specs
 
 
 SHARE_BYTES = 1 << 20  # a tensor this large crosses from a worker in shared memory
@@ -137,6 +169,30 @@ def _rebuild_packed(data: Any, offsets: Any) -> Packed:
 
 def _rebuild_batch(items: dict[str, Any]) -> Batch:
     return Batch({field: _restored(value) for field, value in items.items()})
+
+
+def _rebuild_crossed(slot: tuple[Any, ...], fields: list[tuple[str, Any, Any]]) -> Batch:
+    """In the main process: the batch over its ring ``slot`` (a ``Ticket``'s fields), whose
+    bytes are lent until every array over them is freed."""
+    from loader.arena import receive_bytes
+
+    data = receive_bytes(*slot)
+    batch = Batch()
+    for field, spec, value in fields:
+        if spec is None:
+            batch[field] = _restored(value)
+            continue
+        if len(spec) == 2:  # a Packed: data and offsets
+            (a, dtype, n), (b, _, m) = spec
+            batch[field] = Packed(
+                torch.from_numpy(np.frombuffer(data, np.uint8, n, a)),
+                torch.from_numpy(np.frombuffer(data, np.int64, m, b)),
+            )
+            continue
+        ((a, dtype, n),) = spec
+        array = np.frombuffer(data, dtype, n, a)
+        batch[field] = array if array.dtype.kind in "US" else torch.from_numpy(array)  # keys: NumPy
+    return batch
 
 
 def pack(payloads: Sequence[bytes]) -> Packed:
