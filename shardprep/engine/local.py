@@ -15,12 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardprep.engine.tasks import WriteContext, WriteTask, write_task
-from shardprep.format.errors import StalledError, stalled
+from shardprep.format.errors import StalledError, WorkersDiedError, stalled
 from shardprep.storage import is_url
 from shardprep.workers import mp_context, worker_pool
 from shardprep.write import ShardRecord
@@ -88,9 +89,14 @@ class LocalEngine:
         progress: Callable[[int], None],
         admit: Callable[[int], None] | None = None,
     ) -> Generator[tuple[int, ShardRecord], None, None]:
-        """Write ``todo`` over up to ``workers`` processes (in this process with one)."""
+        """Write ``todo`` over up to ``workers`` processes (in this process with one).
+
+        A build with a ``--map`` always writes in worker processes, one at
+        least: the user's function then cannot end the build's own process
+        (``os._exit``) or hang it past ``--stall-timeout``.
+        """
         workers = min(self.workers, max(1, len(todo)))
-        if workers == 1:
+        if workers == 1 and context.transform is None:
             for shard in todo:
                 if admit is not None:
                     admit(0)
@@ -99,6 +105,22 @@ class LocalEngine:
         yield from _write_parallel(
             context, todo, workers, progress, admit, self.stall_timeout, self.write
         )
+
+
+def _writer_died(shard: int, context: WriteContext) -> WorkersDiedError:
+    """The build's error when the process writing ``shard`` ended without an answer."""
+    culprit = (
+        f"the --map function {context.transform.name} may have ended it (os._exit, a crash in "
+        "native code), or "
+        if context.transform is not None
+        else ""
+    )
+    return WorkersDiedError(
+        f"shard {shard}: the worker process writing it died without an answer ({culprit}the "
+        "kernel's out-of-memory killer stopped it: see dmesg); the finished shards are kept: "
+        "fix the cause, then run the same command with --resume",
+        f"shard {shard}",
+    )
 
 
 def _next_result(pool: Any, pending: deque[Future[R]]) -> R:
@@ -191,5 +213,9 @@ def _write_parallel(
             reported = written
             for future in done:
                 shard = pending.pop(future)
-                yield shard, future.result()  # re-raises the worker's WriteError
+                try:
+                    record = future.result()  # re-raises the worker's WriteError
+                except BrokenProcessPool as err:
+                    raise _writer_died(shard, context) from err
+                yield shard, record
         progress(channel.written.value - reported)

@@ -3,7 +3,9 @@ workers import them back)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from typing import Any
 
 
@@ -29,4 +31,15 @@ def newline_member(sample: dict[str, Any]) -> dict[str, Any]:
 
 def mutates_and_returns(sample: dict[str, Any]) -> dict[str, Any]:
     sample["png"] = sample["png"][:8]
+    return sample
+
+
+def ends_the_process(sample: dict[str, Any]) -> dict[str, Any]:
+    """os._exit(0): no exception to catch; only a separate process survives it."""
+    os._exit(0)
+
+
+def hangs(sample: dict[str, Any]) -> dict[str, Any]:
+    """Never returns (until the process is killed)."""
+    threading.Event().wait()
     return sample

@@ -450,3 +450,39 @@ def test_a_map_that_mutates_its_input_and_returns_it_writes_the_result(
     pngs = {k: v for k, v in _members(out).items() if k.endswith(".png")}
     assert len(pngs) == 24
     assert set(pngs.values()) == {b"\x89PNG\r\n\x1a\n"}
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_map_that_ends_its_process_is_named_and_the_build_exits_1(
+    raw_images: Path, tmp_path: Path, workers: str
+) -> None:
+    """os._exit(0) in a map: with --workers 1 it ran in the build's own process, which then
+    ended with status 0 and no manifest; now every map runs in a worker process, whose death
+    is a WorkersDiedError naming the shard and the map."""
+    out = tmp_path / "out"
+    result = run_bounded(
+        [sys.executable, "-m", "shardprep", "build", str(raw_images), str(out), "-n", "2",
+         "-j", workers, "--map", "tests.faults.hunt_maps:ends_the_process"],
+        timeout=120,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "the worker process writing it died without an answer" in result.stderr
+    assert "tests.faults.hunt_maps:ends_the_process" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (out / "manifest.json").exists()
+
+
+def test_a_hanging_map_is_stopped_by_the_stall_timeout_with_one_worker(
+    raw_images: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = run_bounded(
+        [sys.executable, "-m", "shardprep", "build", str(raw_images), str(out), "-n", "2",
+         "-j", "1", "--stall-timeout", "3", "--map", "tests.faults.hunt_maps:hangs"],
+        timeout=120,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "no progress for 3" in result.stderr
+    assert not (out / "manifest.json").exists()
