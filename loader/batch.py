@@ -36,6 +36,8 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
+from loader.arena import receive_bytes
+
 __all__ = ["POSITION", "Batch", "Crossing", "Packed", "collate_samples", "pack"]
 
 POSITION = "__position__"
@@ -171,11 +173,12 @@ def _rebuild_batch(items: dict[str, Any]) -> Batch:
     return Batch({field: _restored(value) for field, value in items.items()})
 
 
+_DTYPES: dict[str, np.dtype[Any]] = {}  # NumPy dtypes by their ``str``, made once
+
+
 def _rebuild_crossed(slot: tuple[Any, ...], fields: list[tuple[str, Any, Any]]) -> Batch:
     """In the main process: the batch over its ring ``slot`` (a ``Ticket``'s fields), whose
     bytes are lent until every array over them is freed."""
-    from loader.arena import receive_bytes
-
     data = receive_bytes(*slot)
     batch = Batch()
     for field, spec, value in fields:
@@ -183,13 +186,16 @@ def _rebuild_crossed(slot: tuple[Any, ...], fields: list[tuple[str, Any, Any]]) 
             batch[field] = _restored(value)
             continue
         if len(spec) == 2:  # a Packed: data and offsets
-            (a, dtype, n), (b, _, m) = spec
+            (a, _, n), (b, _, m) = spec
             batch[field] = Packed(
                 torch.from_numpy(np.frombuffer(data, np.uint8, n, a)),
                 torch.from_numpy(np.frombuffer(data, np.int64, m, b)),
             )
             continue
-        ((a, dtype, n),) = spec
+        ((a, name, n),) = spec
+        dtype = _DTYPES.get(name)
+        if dtype is None:
+            dtype = _DTYPES[name] = np.dtype(name)
         array = np.frombuffer(data, dtype, n, a)
         batch[field] = array if array.dtype.kind in "US" else torch.from_numpy(array)  # keys: NumPy
     return batch
