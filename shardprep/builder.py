@@ -106,6 +106,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         destination.check_apart(raw)
         destination.check()
         _check_engine_for(destination, config)
+        _check_scratch_input(raw, InputFormat(config.input_format), config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
         sweep_stale()  # the scratch and staging folders of killed builds (only those)
@@ -200,6 +201,20 @@ def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
         )
 
 
+def _check_scratch_input(raw: str, layout: InputFormat, config: BuildConfig) -> None:
+    """Parquet payloads are copied into this machine's scratch folder: Ray tasks on other
+    nodes cannot read them (checked before the engine opens when --format parquet is given,
+    after detection otherwise)."""
+    if layout is InputFormat.PARQUET and config.engine == "ray" and config.cluster_address():
+        raise InputError(
+            f"{raw}: --engine ray on a cluster cannot build from Parquet yet: its payloads are "
+            "copied into this machine's scratch folder (TMPDIR), which the other nodes cannot "
+            "read. Leave out --ray-address / RAY_ADDRESS to run Ray on this machine, or use "
+            "--engine local",
+            raw,
+        )
+
+
 def _engine_options(config: BuildConfig) -> EngineOptions:
     """Which engine runs the parallel stages, and with how many workers."""
     return EngineOptions(
@@ -250,6 +265,7 @@ def _scan(
     detected = layout is InputFormat.AUTO
     if detected:
         layout = detect_format(raw, config.raw_options())
+    _check_scratch_input(raw, layout, config)
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
     stores: list[InventoryStore] = []

@@ -125,6 +125,11 @@ class BuildConfig:
         """fsspec options for OUT: ``storage_options`` then the OUT ones."""
         return _both(self.storage_options, self.out_storage_options)
 
+    def cluster_address(self) -> str | None:
+        """The Ray cluster a ``--engine ray`` build joins (``ray_address``, else ``RAY_ADDRESS``);
+        None: a local Ray instance on this machine."""
+        return self.ray_address or os.environ.get("RAY_ADDRESS") or None
+
     def num_workers(self) -> int:
         """Worker processes to use: never more than shards."""
         return min(self.workers or default_workers(), self.shards)

@@ -121,7 +121,7 @@ def _spill(samples: Iterable[Any], folder: str, config: BuildConfig) -> Spilled:
 
 def _check_engine(config: BuildConfig) -> None:
     """Ray tasks on other nodes cannot read the spill in this machine's TMPDIR."""
-    if config.engine == "ray" and (config.ray_address or os.environ.get("RAY_ADDRESS")):
+    if config.engine == "ray" and config.cluster_address():
         raise InputError(
             "--engine ray on a cluster cannot build from a Python iterable yet: its samples "
             "are spilled to this machine's TMPDIR, which the other nodes cannot read. Leave "
