@@ -7,11 +7,12 @@ requests such as more shards than samples); 130 interrupted. Expected errors pri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -203,7 +204,8 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     from shardprep.builder import build as run_build
 
     progress = not (quiet or as_json)
-    summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)
+    with _stdout_to_stderr(as_json):  # --json: the summary alone on stdout
+        summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)
     if isinstance(click.get_current_context().obj, _OwnProcess):
         # The build is complete and the process about to exit: a Ctrl-C from now on would only
         # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
@@ -339,3 +341,24 @@ def main(argv: list[str] | None = None) -> None:
     cli.main(
         args=argv if argv is not None else sys.argv[1:], prog_name="shardprep", obj=_OwnProcess()
     )
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """While active, file descriptor 1 (this process's and its children's) writes to stderr.
+
+    With ``--json`` a script reads the summary from stdout; what Ray (its raylet's notices
+    of a dead node) or a library prints there during the build must not come before it.
+    """
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

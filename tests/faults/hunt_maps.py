@@ -43,3 +43,9 @@ def hangs(sample: dict[str, Any]) -> dict[str, Any]:
     """Never returns (until the process is killed)."""
     threading.Event().wait()
     return sample
+
+
+def prints(sample: dict[str, Any]) -> dict[str, Any]:
+    """Writes to stdout (file descriptor 1) as a chatty library would, then keeps the sample."""
+    os.write(1, b"noise from the map\n")
+    return sample

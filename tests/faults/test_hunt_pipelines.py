@@ -8,6 +8,7 @@ exact bytes written.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -486,3 +487,21 @@ def test_a_hanging_map_is_stopped_by_the_stall_timeout_with_one_worker(
     assert result.returncode == 1, result.stderr
     assert "no progress for 3" in result.stderr
     assert not (out / "manifest.json").exists()
+
+
+def test_json_output_is_the_summary_alone_whatever_prints_to_stdout(
+    raw_images: Path, tmp_path: Path
+) -> None:
+    """With --json, what the build's processes write to stdout (a map, a library, Ray's notice
+    of a dead node) goes to stderr: stdout is the summary only."""
+    out = tmp_path / "out"
+    result = run_bounded(
+        [sys.executable, "-m", "shardprep", "build", str(raw_images), str(out), "-n", "2",
+         "--json", "--map", "tests.faults.hunt_maps:prints"],
+        timeout=120,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["num_shards"] == 2
+    assert "noise from the map" in result.stderr
