@@ -266,7 +266,7 @@ class _Columns:
     (``fixed[k]``: one row of bytes per position), so a batch takes its rows in one NumPy
     operation instead of a slice per member; the other fields are sliced per member."""
 
-    __slots__ = ("chunk", "fixed", "largest", "names", "size", "start")
+    __slots__ = ("chunk", "fixed", "largest", "names", "size", "start", "widest")
 
     def __init__(self, window: Window, width: int, names: list[str]) -> None:
         self.names = names
@@ -284,6 +284,7 @@ class _Columns:
             self.largest.append(largest)
             one_size = len(size) > 0 and largest <= FIXED_BYTES and not (size != largest).any()
             self.fixed.append(_rows(window, self.chunk, start, largest) if one_size else None)
+        self.widest = max(self.largest, default=0)  # one sample's largest member
 
     def payloads(self, window: Window, k: int, positions: IntArray) -> list[memoryview]:
         """Field ``k``'s bytes of the samples at ``positions``, as views (no copy)."""
@@ -349,12 +350,14 @@ def _fast(
     names = parts[0][2].names
     if any(c.names != names for _, _, c in parts):
         return None
-    for k in range(len(names)):
-        if sum(len(p) * c.largest[k] for _, p, c in parts) >= SHARE_BYTES:
-            return None  # a large payload: copied (and checked) by _gather
+    if sum(len(p) * c.widest for _, p, c in parts) >= SHARE_BYTES:  # (a bound, worked out once)
+        for k in range(len(names)):
+            if sum(len(p) * c.largest[k] for _, p, c in parts) >= SHARE_BYTES:
+                return None  # a large payload: copied (and checked) by _gather
+    one = len(parts) == 1
     batch = Batch()
-    batch[KEY] = _concat([w.keys[p] for w, p, _ in parts])
-    padded = _concat([w.padded[p] for w, p, _ in parts])
+    batch[KEY] = parts[0][0].keys[parts[0][1]] if one else _concat([w.keys[p] for w, p, _ in parts])
+    padded = parts[0][0].padded[parts[0][1]] if one else _concat([w.padded[p] for w, p, _ in parts])
     batch["__padded__"] = torch.from_numpy(padded)
     for field in segments[0][0].extra:
         values = [w.extra[field][p] for w, ps, _ in parts for p in ps.tolist()]
@@ -362,14 +365,20 @@ def _fast(
     arrays: list[tuple[str, Any, list[npt.NDArray[Any]]]] = []
     count = len(padded)
     for k, name in enumerate(names):
-        rows = [(c.fixed[k], p) for _, p, c in parts]
-        if len({c.largest[k] for _, _, c in parts}) == 1 and all(f is not None for f, _ in rows):
+        size = parts[0][2].largest[k]
+        rows = [(c.fixed[k], p) for _, p, c in parts if c.largest[k] == size]
+        if len(rows) == len(parts) and all(f is not None for f, _ in rows):
             data = _concat([f[p] for f, p in rows]).reshape(-1)  # type: ignore[index]
-            offsets = np.arange(count + 1, dtype=np.int64) * parts[0][2].largest[k]
+            offsets = np.arange(count + 1, dtype=np.int64) * size
         else:
-            offsets = np.zeros(count + 1, dtype=np.int64)
+            offsets = np.empty(count + 1, dtype=np.int64)
+            offsets[0] = 0
             np.cumsum(_concat([c.size[k][p] for _, p, c in parts]), out=offsets[1:])
-            views = [v for w, p, c in parts for v in c.payloads(w, k, p)]
+            views = (
+                parts[0][2].payloads(parts[0][0], k, parts[0][1])
+                if one
+                else [v for w, p, c in parts for v in c.payloads(w, k, p)]
+            )
             data = np.frombuffer(bytearray().join(views), dtype=np.uint8)
         packed = Packed(
             torch.from_numpy(data) if len(data) else torch.empty(0, dtype=torch.uint8),
