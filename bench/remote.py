@@ -43,7 +43,12 @@ from bench.harness import DEFAULT_WORK, REPO, Config, dataset, log, median_dict,
 BATCH = 64
 SHARDS = 16
 BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
-BACKENDS = {"shardprep": "auto", "shardprep fsspec": "fsspec", "shardprep cache": "auto"}
+BACKENDS = {
+    "shardprep": "auto",
+    "shardprep fsspec": "fsspec",
+    "shardprep cache": "auto",
+    "shardprep cache fsspec": "fsspec",
+}
 IMPORTS = {"shardprep": ("s3fs", "obstore"), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
 LABELS = {
     "floor": "floor: 8 concurrent whole-object GETs (s3fs)",
@@ -52,6 +57,7 @@ LABELS = {
     "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead (obstore)",
     "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
+    "shardprep cache fsspec": 'shardprep, read-ahead + `cache_dir`, `backend="fsspec"`',
     "mds": "MosaicML StreamingDataset (remote → local)",
     "litdata": "LitData StreamingDataset",
 }
@@ -135,7 +141,7 @@ def run(
             url = f"s3://bench/{peer}"
             for w in workers:
                 cache = cfg.work / "remote-cache" / f"{system.replace(' ', '-')}-w{w}"
-                cached = system in ("shardprep cache", "mds", "litdata")
+                cached = "cache" in system or peer in ("mds", "litdata")
                 remote = {
                     "storage_options": options,
                     "boto3_options": _boto3_options(env),
