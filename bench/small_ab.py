@@ -1,7 +1,7 @@
 """shardprep against LitData on ``small`` (or any dataset), side by side, one fresh process per epoch.
 
     python -m bench.small_ab --shardprep OUT --litdata LITOUT [--rounds 3] [--workers 0,2]
-                             [--python PY] [--batch 64]
+                             [--python PY] [--batch 64] [--baseline TREE]
 
 Each round runs every (system, workers) cell once, in an order rotated from round to
 round (round-robin), each in a fresh interpreter (``--python``: one interpreter for every
@@ -20,7 +20,9 @@ shardprep reads through ``ShardDataset(batch_size=B)`` with ``DataLoader(batch_s
 (whole batches: ``Packed`` payloads and a key array); LitData through its
 ``StreamingDataset``/``StreamingDataLoader`` with the bench's shared collate (each
 sample's payload as ``bytes``: ``bench.peers.common.collate``), as ``python -m bench load``
-reads it.
+reads it. ``--baseline TREE`` adds a third system, "base": the same shardprep read with the
+loader of another checkout (e.g. ``git worktree add /tmp/base COMMIT``) first on
+``PYTHONPATH``, for a before/after in the same interleaved run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def _child(system: str, out: str, workers: int, batch: int) -> None:
     """One epoch in this process; prints one JSON line."""
     import torch  # noqa: F401  (imported before the timer, as every library)
     import torch.utils.data
+
+    if os.environ.get("SMALL_AB_WHERE"):
+        import loader as where
+
+        print(where.__file__, file=sys.stderr)
 
     if system == "shardprep":
         from loader import ShardDataset  # (lazy in ``loader``: imported here, untimed)
@@ -104,8 +111,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--python", default=sys.executable, help="the interpreter of every run")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--baseline", help="another checkout's loader, as a third system")
     args = parser.parse_args()
     systems = {"shardprep": args.shardprep}
+    if args.baseline:
+        systems["base"] = args.shardprep
     if args.litdata:
         systems["litdata"] = args.litdata
     cells = [(s, int(w)) for w in args.workers.split(",") for s in systems]
@@ -116,10 +126,14 @@ def main() -> None:
         k = r % len(cells)
         for system, workers in cells[k:] + cells[:k]:
             _warm(systems[system])
-            cmd = [args.python, "-m", "bench.small_ab", CHILD, system, systems[system]]
+            # this script by its path; the repository (or first the baseline) on the path
+            first = [args.baseline] if system == "base" else []
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([*first, os.getcwd()]))
+            kind = "shardprep" if system == "base" else system
+            cmd = [args.python, os.path.abspath(__file__), CHILD, kind, systems[system]]
             cmd += [str(workers), str(args.batch)]
             done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=args.timeout, check=False
+                cmd, capture_output=True, text=True, timeout=args.timeout, check=False, env=env
             )
             if done.returncode:
                 sys.exit(f"{system} workers {workers} failed:\n{done.stderr[-3000:]}")
@@ -147,9 +161,10 @@ def main() -> None:
             f"({', '.join(f'{x:.2f}' for x in cpus)}) |"
         )
     for w in sorted({w for _, w in cells}):
-        if ("litdata", w) in medians:
-            ratio = medians[("shardprep", w)] / medians[("litdata", w)]
-            print(f"workers {w}: shardprep / LitData = {ratio:.2f}x (medians)")
+        for other in ("litdata", "base"):
+            if (other, w) in medians:
+                ratio = medians[("shardprep", w)] / medians[(other, w)]
+                print(f"workers {w}: shardprep / {other} = {ratio:.2f}x (medians)")
 
 
 if __name__ == "__main__":
