@@ -338,6 +338,7 @@ class ShardStream:
             self.read.checksums,
             pool,
             None if plan is None else read_ahead(self.source, self.manifest, plan),
+            self.read.mapped,
         )
 
     def _expander(

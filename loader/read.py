@@ -31,8 +31,9 @@ Touching a page past the new end raises SIGBUS, which Python cannot turn into an
 the process dies ("killed by signal: Bus error" for a DataLoader worker, exit status -7 or 135).
 shardprep never truncates a finished shard (it writes a temporary file and renames it; a file
 replaced by rename leaves the mapped one intact), so only another program rewriting a shard
-in place (``truncate``, ``cp`` or ``rsync --inplace`` over it) can cause it; set
-``SHARDPREP_MMAP=0`` to read with ``read()`` where that may happen
+in place (``truncate``, ``cp`` or ``rsync --inplace`` over it) can cause it. Mapping is
+therefore opt-in (``ReadOptions(mapped=True)``): it saved about 4% of the CPU per GB of an
+in-process ``images`` epoch on the benchmark machine, not enough to make it the default
 (tests/faults/test_mapped_shards.py).
 """
 
@@ -81,7 +82,6 @@ INDEX_CACHE = 4  # reweighting draws kept per worker
 PRECHECK_BYTES = 64 << 10  # a chunk's v3 samples this small on average are checked at once
 INDEX_CACHE_BYTES = 16 << 20  # shard indexes kept per worker: ~72 B per sample of 2 members (the
 # 200k samples of the `small` benchmark in 16 shards take 13.7 MiB: all of them, none read twice)
-MAPPED = os.environ.get("SHARDPREP_MMAP", "1") != "0"  # map local uncompressed shards
 
 
 @dataclass(frozen=True)
@@ -584,15 +584,17 @@ class ShardReader:
         checksums: bool = True,
         pool: BufferPool | None = None,
         io: Callable[[ShardReader], RangeIO] | None = None,
+        mapped: bool = False,
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
         (everything else is still checked); for the rare job where that cost matters.
-        ``pool``: chunks may hold views: local plain shards are mapped (``MAPPED``, see the
-        module docstring), or read into the pool's reused buffers when they cannot be.
+        ``pool``: chunks may hold views: of the mapped shard with ``mapped`` (local plain
+        shards, see the module docstring), else of the pool's reused buffers.
         ``io``: makes, from this reader, where its shard and index bytes come from instead of
         reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
         it gets the reader because a read plan needs the reader's indexes."""
         self._source = source
+        self._mapped = mapped
         self._pool = pool if not source.remote else None
         self._chunk = Chunk if checksums else UncheckedChunk
         self._expand = expand
@@ -678,7 +680,7 @@ class ShardReader:
     def _maps(self) -> bool:
         """Whether this reader maps its shards (local, uncompressed, chunks may hold views)."""
         return (
-            MAPPED
+            self._mapped
             and self._pool is not None
             and self._zstd is None
             and self.io is None

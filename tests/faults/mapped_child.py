@@ -22,7 +22,8 @@ from loader.source import Source
 
 def _reader(out: str) -> ShardReader:
     source = Source(out)
-    return ShardReader(source, source.manifest(), pool=BufferPool())
+    mapped = os.environ.get("MAPPED_CHILD_MAPS", "1") == "1"  # the test's switch, not the loader's
+    return ShardReader(source, source.manifest(), pool=BufferPool(), mapped=mapped)
 
 
 def _kind(data: bytes | memoryview) -> str:

@@ -5,7 +5,7 @@ A window's bytes are views of a read-only mapping of the shard, handed out exact
 size at its opening, or changed since: ``fstat``) is never mapped: a truncated one is named
 with its shard and the first sample it lacks. A shard truncated while a mapping of it is alive
 kills the reading process with SIGBUS: the documented failure mode, checked here in a child;
-``SHARDPREP_MMAP=0`` reads with ``read()`` instead, and the same child then survives.
+Without ``mapped`` the reader uses ``read()``, and the same child then survives.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import loader.read
-from loader import ShardDataset
+from loader import CorruptShardError, ReadOptions, ShardDataset
 from loader.order import SampleRange
 from loader.read import BufferPool, ShardReader
 from loader.source import Source
@@ -35,7 +34,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 def _reader(out: Path) -> ShardReader:
     source = Source(str(out))
-    return ShardReader(source, source.manifest(), pool=BufferPool())
+    return ShardReader(source, source.manifest(), pool=BufferPool(), mapped=True)
 
 
 def _child(action: str, out: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -48,10 +47,11 @@ def _child(action: str, out: Path, env: dict[str, str] | None = None) -> tuple[i
     return result.returncode, result.stdout.splitlines()
 
 
-def _epoch(out: Path) -> list[tuple[str, bytes]]:
+def _epoch(out: Path, mapped: bool = True) -> list[tuple[str, bytes]]:
     """(key, payload) of every sample of one shuffled epoch, in order, from the batch path."""
     got = []
-    for batch in ShardDataset(str(out), seed=3, batch_size=5):
+    read = ReadOptions(mapped=mapped)
+    for batch in ShardDataset(str(out), seed=3, batch_size=5, read=read):
         packed = batch["bin"]
         offsets = packed.offsets.tolist()
         data = packed.data.numpy().tobytes()
@@ -77,10 +77,9 @@ def test_a_window_is_a_view_of_the_shard_mapped(built: Path) -> None:
     reader.close()
 
 
-def test_mapped_and_read_epochs_are_the_same(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mapped_and_read_epochs_are_the_same(built: Path) -> None:
     mapped = _epoch(built)
-    monkeypatch.setattr(loader.read, "MAPPED", False)
-    read = _epoch(built)
+    read = _epoch(built, mapped=False)
     assert len(mapped) == 103 and len({k for k, _ in mapped}) == 103
     assert mapped == read  # same order, same bytes
 
@@ -131,7 +130,7 @@ def test_with_mapping_off_a_shard_truncated_after_its_read_is_served_as_read(
     out = copy_output(built, tmp_path / "out")
     tar = (out / f"shard-{SHARD:05d}.tar").read_bytes()
     end = int(index_of(out, SHARD).sample_offset[-1])
-    code, lines = _child("truncate-while-mapped", out, {"SHARDPREP_MMAP": "0"})
+    code, lines = _child("truncate-while-mapped", out, {"MAPPED_CHILD_MAPS": "0"})
     assert code == 0, lines
     assert lines == ["read", f"survived {hashlib.sha256(tar[:end]).hexdigest()}"]
 
@@ -157,7 +156,7 @@ def test_a_shard_replaced_by_rename_keeps_the_mapped_bytes(built: Path, tmp_path
     reader.close()
     fresh = _reader(out)
     again = fresh.read(SampleRange(SHARD, 6, 9))
-    with pytest.raises(loader.read.CorruptShardError) as err:
+    with pytest.raises(CorruptShardError) as err:
         again.sample(1)
     assert (err.value.shard, err.value.key) == (str(path), index.key(7))
     assert np.array_equal(
