@@ -147,6 +147,6 @@ def test_class_folders_scanned_by_worker_processes_into_disk_parts(
     assert store.rows(0, len(store)).samples(every) == expected.samples(every)
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(store.folder)]
     # one task's part is a closed store on disk, not an in-memory builder
-    part, problems = _scan_class((expected.root, 0, "ant", make))
+    part, problems = _scan_class((expected.root, 0, "ant", make, None))
     assert isinstance(part, InventoryStore) and not problems.items
     assert part.rows(0, len(part)).samples(np.arange(9)) == expected.samples(np.arange(9))
