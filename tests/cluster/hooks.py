@@ -13,16 +13,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from shardprep.engine import ENGINE_OPENERS, Engine, EngineOpener, EngineOptions, write_task
+from shardprep.engine import write_task
 from shardprep.engine.tasks import Progress, ShardTask
 from shardprep.upload import ShardUpload
 from shardprep.write import ShardRecord
+from tests.engine.faulty import run_cli_through, write_tasks_through
 
 HOLD_LIMIT_S = 120.0
 
@@ -69,30 +70,14 @@ class NodeWrite:
         return write_task(replace(task, upload=held), progress)
 
 
-def _open(
-    opener: EngineOpener, folder: str, options: EngineOptions
-) -> AbstractContextManager[Engine]:
-    return opener(replace(options, write_task=NodeWrite(folder)))
-
-
-@contextmanager
-def hooks_in(folder: Path) -> Iterator[None]:
+def hooks_in(folder: Path) -> AbstractContextManager[None]:
     """While open, every engine of this process's builds writes through NodeWrite(folder)."""
-    registered = dict(ENGINE_OPENERS)
-    for name, opener in registered.items():
-        ENGINE_OPENERS[name] = partial(_open, opener, str(folder))
-    try:
-        yield
-    finally:
-        ENGINE_OPENERS.update(registered)
+    return write_tasks_through(NodeWrite(str(folder)))
 
 
 def main(argv: list[str]) -> None:
     """``FOLDER ARGS...``: the shardprep CLI with ARGS, its writes through NodeWrite(FOLDER)."""
-    from shardprep.cli import main as cli_main
-
-    with hooks_in(Path(argv[0])):
-        cli_main(argv[1:])
+    run_cli_through(NodeWrite(argv[0]), argv[1:])
 
 
 if __name__ == "__main__":  # the hooks' classes must be this module's, not __main__'s

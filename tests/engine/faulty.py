@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 
 from shardprep.engine import ENGINE_OPENERS, Engine, EngineOpener, EngineOptions, write_task
-from shardprep.engine.tasks import Progress, ShardTask
+from shardprep.engine.tasks import Progress, ShardTask, WriteTask
 from shardprep.format.errors import WriteError
 from shardprep.write import ShardRecord
 
@@ -78,30 +78,40 @@ def _inject(folder: str, shard: int) -> None:
         time.sleep(0.02)
 
 
-def _open_faulty(
-    opener: EngineOpener, folder: str, options: EngineOptions
+def _open_with(
+    opener: EngineOpener, write: WriteTask, options: EngineOptions
 ) -> AbstractContextManager[Engine]:
-    return opener(replace(options, write_task=FaultyWrite(folder)))
+    return opener(replace(options, write_task=write))
 
 
 @contextmanager
-def faults_in(folder: Path) -> Iterator[None]:
-    """While open, every engine of this process's builds writes through FaultyWrite(folder)."""
+def write_tasks_through(write: WriteTask) -> Iterator[None]:
+    """While open, every engine of this process's builds writes its shards through ``write``."""
     registered = dict(ENGINE_OPENERS)
     for name, opener in registered.items():
-        ENGINE_OPENERS[name] = partial(_open_faulty, opener, str(folder))
+        ENGINE_OPENERS[name] = partial(_open_with, opener, write)
     try:
         yield
     finally:
         ENGINE_OPENERS.update(registered)
 
 
-def main(argv: list[str]) -> None:
-    """``FOLDER ARGS...``: the shardprep CLI with ARGS, its writes through FaultyWrite(FOLDER)."""
+def faults_in(folder: Path) -> AbstractContextManager[None]:
+    """While open, every engine of this process's builds writes through FaultyWrite(folder)."""
+    return write_tasks_through(FaultyWrite(str(folder)))
+
+
+def run_cli_through(write: WriteTask, args: list[str]) -> None:
+    """The shardprep CLI with ``args``, its shards written through ``write``."""
     from shardprep.cli import main as cli_main
 
-    with faults_in(Path(argv[0])):
-        cli_main(argv[1:])
+    with write_tasks_through(write):
+        cli_main(args)
+
+
+def main(argv: list[str]) -> None:
+    """``FOLDER ARGS...``: the shardprep CLI with ARGS, its writes through FaultyWrite(FOLDER)."""
+    run_cli_through(FaultyWrite(argv[0]), argv[1:])
 
 
 if __name__ == "__main__":  # the hooks' class must be this module's, not __main__'s
