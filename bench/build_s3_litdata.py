@@ -47,7 +47,7 @@ def _obstore_allow_http() -> None:
 
     options = dict(downloader._OBSTORE_CLIENT_OPTIONS)
     options["allow_http"] = True
-    downloader._OBSTORE_CLIENT_OPTIONS = options  # type: ignore[assignment]
+    downloader._OBSTORE_CLIENT_OPTIONS = options
 
 
 if os.environ.get("AWS_ALLOW_HTTP") == "true":  # only in the LitData child and its workers
@@ -228,7 +228,7 @@ def main() -> None:
                     loads.append(os.getloadavg())
                     print(name, r, got, os.getloadavg(), file=sys.stderr)
         finally:
-            cluster.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
     table = {
         name: {
             **{key: statistics.median(run[key] for run in runs) for key in runs[0]},
