@@ -46,15 +46,22 @@ SYSTEMS = ("shardprep", "litdata", "mds")
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stubs")
 
 
-def generate(folder: str, rows: int) -> int:
-    """Write the Parquet files (if not there yet); returns the payload bytes."""
+def generate(
+    folder: str,
+    rows: int,
+    sizes_between: tuple[int, int] = (30 << 10, 100 << 10),
+    row_group: int = ROW_GROUP,
+) -> int:
+    """Write the Parquet files (if not there yet): ``FILES`` files of ``row_group``-row groups,
+    a key, a string label and a random binary ``jpg`` of ``sizes_between`` bytes; returns the
+    payload bytes."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     stamp = os.path.join(folder, "_SUCCESS")
     rng = np.random.default_rng(0)
-    sizes = rng.integers(30 << 10, 100 << 10, rows)
+    sizes = rng.integers(sizes_between[0], sizes_between[1], rows)
     if not os.path.exists(stamp):
         os.makedirs(folder, exist_ok=True)
         per_file = -(-rows // FILES)
@@ -73,7 +80,7 @@ def generate(folder: str, rows: int) -> int:
                 }
             )
             pq.write_table(
-                table, os.path.join(folder, f"part-{f:05d}.parquet"), row_group_size=ROW_GROUP
+                table, os.path.join(folder, f"part-{f:05d}.parquet"), row_group_size=row_group
             )
         open(stamp, "wb").close()
     return int(sizes.sum())

@@ -22,11 +22,10 @@ import subprocess
 import sys
 from typing import Any
 
+from bench import parquet_build
 from bench.memory import run_measured
 
-FILES = 4
 ROW_GROUP = 1000
-CLASSES = [f"class{c}" for c in range(10)]
 
 _HWM = (
     "import atexit, sys\n"
@@ -55,35 +54,8 @@ _SCAN = (
 
 
 def generate(folder: str, rows: int) -> int:
-    """Write the Parquet files (once); returns the payload bytes."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    stamp = os.path.join(folder, "_SUCCESS")
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(2 << 10, 6 << 10, rows)
-    if not os.path.exists(stamp):
-        os.makedirs(folder, exist_ok=True)
-        per_file = -(-rows // FILES)
-        for f in range(FILES):
-            lo, hi = f * per_file, min(rows, (f + 1) * per_file)
-            blob = rng.bytes(int(sizes[lo:hi].sum()))
-            offsets = np.concatenate([[0], np.cumsum(sizes[lo:hi])]).astype(np.int32)
-            jpg = pa.BinaryArray.from_buffers(
-                pa.binary(), hi - lo, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(blob)]
-            )
-            table = pa.table(
-                {
-                    "key": [f"img{i:08d}" for i in range(lo, hi)],
-                    "label": [CLASSES[i % 7 % len(CLASSES)] for i in range(lo, hi)],
-                    "jpg": jpg,
-                }
-            )
-            path = os.path.join(folder, f"part-{f:05d}.parquet")
-            pq.write_table(table, path, row_group_size=ROW_GROUP)
-        open(stamp, "wb").close()
-    return int(sizes.sum())
+    """Write the Parquet files (once): 2-6 KiB payloads, row groups of 1,000; payload bytes."""
+    return parquet_build.generate(folder, rows, (2 << 10, 6 << 10), ROW_GROUP)
 
 
 def build_once(raw: str, out: str) -> dict[str, Any]:
