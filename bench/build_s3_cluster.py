@@ -133,7 +133,7 @@ def main() -> None:
                         print("tiny", scale, got, file=sys.stderr)
                 cluster.remove_node(second)
         finally:
-            cluster.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
     table = {
         name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         for name, runs in results.items()

@@ -570,7 +570,9 @@ def test_detect_format_errors(tmp_path: Path) -> None:
     _write(empty / ".DS_Store")
     with pytest.raises(InputError, match="the folder is empty"):
         detect_format(str(empty))
-    with pytest.raises(InputError, match="must be a .csv/.tsv/.jsonl listing, a .tar shard or a .parquet file"):
+    with pytest.raises(
+        InputError, match="must be a .csv/.tsv/.jsonl listing, a .tar shard or a .parquet file"
+    ):
         detect_format(str(_write(tmp_path / "data.zip")))
     only_dirs = tmp_path / "only_dirs"
     (only_dirs / "a" / "b").mkdir(parents=True)
