@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from loader.core import ShardStream
 from loader.groups import GroupedStream
@@ -20,6 +21,12 @@ class MixedDataset(TorchLayer):
     ``len(ds)`` batches per rank, ``set_epoch``, ``state_after``/``resume`` (same
     world size and ``num_workers``) or torchdata's ``StatefulDataLoader``. Every
     sample carries ``__source__``, the index of its source.
+
+    Args:
+        sources, weights: as ``loader.mix.MixedStream``.
+        rank, world_size: override ``torch.distributed`` (pass both or neither).
+        options: the other arguments of ``MixedStream`` (``batch_size``,
+            ``samples_per_epoch``, ``batching``, ``drop_last``, ``seed``).
     """
 
     def __init__(
@@ -27,45 +34,30 @@ class MixedDataset(TorchLayer):
         sources: Sequence[str | ShardStream],
         weights: Sequence[float],
         *,
-        batch_size: int,
-        samples_per_epoch: int | None = None,
-        batching: str = "mixed",
-        drop_last: bool = False,
-        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Any,
     ) -> None:
-        stream = MixedStream(
-            sources,
-            weights,
-            batch_size=batch_size,
-            samples_per_epoch=samples_per_epoch,
-            batching=batching,
-            drop_last=drop_last,
-            seed=seed,
-            output=TorchOutput(),
-        )
+        stream = MixedStream(sources, weights, output=TorchOutput(), **options)
         super().__init__(stream, rank, world_size)
 
 
 class GroupedDataset(TorchLayer):
-    """Each group of ranks reads its own output, with equal steps on every rank (``loader.groups``)."""
+    """Each group of ranks reads its own output, with equal steps on every rank (``loader.groups``).
+
+    Args:
+        groups: as ``loader.groups.GroupedStream``.
+        rank, world_size: override ``torch.distributed`` (pass both or neither).
+        options: the other arguments of ``GroupedStream`` (``batch_size``,
+            ``steps_per_epoch``, ``seed``).
+    """
 
     def __init__(
         self,
         groups: Sequence[tuple[str | ShardStream, Sequence[int]]],
         *,
-        batch_size: int,
-        steps_per_epoch: int | None = None,
-        seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Any,
     ) -> None:
-        stream = GroupedStream(
-            groups,
-            batch_size=batch_size,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            output=TorchOutput(),
-        )
-        super().__init__(stream, rank, world_size)
+        super().__init__(GroupedStream(groups, output=TorchOutput(), **options), rank, world_size)
