@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from loader.decode import make_decoder
 from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
+from loader.localahead import WindowPlan, local_ahead, window_reads
 from loader.options import ReadOptions
 from loader.order import SampleRange, epoch_order
 from loader.output import NumpyOutput, Output
@@ -228,7 +229,9 @@ class ShardStream:
         # → a reader of the windows' reads: for remote outputs fetched ahead (and cached) in
         # the same order; windows are read into reused buffers (sample dicts hold copies)
         plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
-        reader = self.reader(epoch, BufferPool(), plan)
+        # (a local output's next window is read and checked ahead on one thread instead)
+        ahead = window_reads(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
+        reader = self.reader(epoch, BufferPool(), plan, ahead)
         try:
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
@@ -323,13 +326,22 @@ class ShardStream:
         return sequence
 
     def reader(
-        self, epoch: int, pool: BufferPool | None = None, plan: ReadPlan | None = None
+        self,
+        epoch: int,
+        pool: BufferPool | None = None,
+        plan: ReadPlan | None = None,
+        windows: WindowPlan | None = None,
     ) -> ShardReader:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
         With a ``plan`` of what it will read, a remote output's reads are fetched ahead (and
-        through the cache) in that order (``loader.prefetch.read_ahead``).
+        through the cache) in that order (``loader.prefetch.read_ahead``); with ``windows``,
+        the same plan window by window, a local output's next window is read and checked
+        ahead on one thread (``loader.localahead``).
         """
+        io = None if plan is None else read_ahead(self.source, self.manifest, plan)
+        if io is None and windows is not None:
+            io = local_ahead(self.source, self.manifest, self.read.mapped, windows)
         return ShardReader(
             self.source,
             self.manifest,
@@ -337,7 +349,7 @@ class ShardStream:
             self._expander(epoch),
             self.read.checksums,
             pool,
-            None if plan is None else read_ahead(self.source, self.manifest, plan),
+            io,
             self.read.mapped,
         )
 

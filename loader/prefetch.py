@@ -59,6 +59,7 @@ __all__ = [
     "piece_plan",
     "plan_groups",
     "planned_reads",
+    "planned_windows",
     "read_ahead",
     "window_plan",
 ]
@@ -98,14 +99,21 @@ def planned_reads(
     pieces: list[SampleRange], reader: ShardReader, skip: int, max_samples: int, max_bytes: int
 ) -> Iterator[Read]:
     """The reads ``shuffled_windows`` makes, in order (the same windows, the same resume skip)."""
+    for window in planned_windows(pieces, reader, skip, max_samples, max_bytes):
+        yield from window
+
+
+def planned_windows(
+    pieces: list[SampleRange], reader: ShardReader, skip: int, max_samples: int, max_bytes: int
+) -> Iterator[list[Read]]:
+    """``planned_reads`` window by window: each window's reads (``loader.localahead``)."""
     for window in plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes):
         size = sum(len(piece) for piece in window)
         if skip >= size:
             skip -= size  # shuffled_windows skips this window without reading it
             continue
         skip = 0
-        for piece in window:
-            yield Read(piece.shard, *reader.span(piece))
+        yield [Read(piece.shard, *reader.span(piece)) for piece in window]
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -75,7 +75,15 @@ from shardprep.format.shardformat import (
     tar_header,
 )
 
-__all__ = ["BufferPool", "Chunk", "ChunkTable", "RangeIO", "ShardReader", "UncheckedChunk"]
+__all__ = [
+    "BufferPool",
+    "CheckingIO",
+    "Chunk",
+    "ChunkTable",
+    "RangeIO",
+    "ShardReader",
+    "UncheckedChunk",
+]
 
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
@@ -136,6 +144,7 @@ class Chunk:
         "_base",
         "_data",
         "_exts",
+        "_failing",
         "_first",
         "_index",
         "_keys",
@@ -156,8 +165,12 @@ class Chunk:
         shard: str,
         selection: list[int] | None = None,
         extra: dict[str, list[Any]] | None = None,
+        failing: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         self._data = data
+        # version 3: whether each sample of the read fails its checksum, if already checked
+        # (``CheckingIO``: on the read-ahead thread); None: checked here
+        self._failing = failing
         self._base = base
         self._index, self._first, self._stop = index, piece.start, piece.stop
         self._shard = shard
@@ -186,7 +199,9 @@ class Chunk:
     def _per_sample(self) -> _SampleLists:
         if self._lists is None:
             data = self._data if self.checks else None  # None: no sample checksums needed
-            self._lists = _SampleLists(self._index, self._first, self._stop, self._base, data)
+            self._lists = _SampleLists(
+                self._index, self._first, self._stop, self._base, data, self._failing
+            )
         return self._lists
 
     def _header_damage(self) -> dict[int, int]:
@@ -286,12 +301,15 @@ class Chunk:
                 sample_checksum = sample_checksum[chosen]
         # small samples are all checked now, in one pass (their batches then check nothing);
         # large ones as their batch copies them (``loader.assemble``), so each byte is read once
-        prechecked = (
+        failing = self._failing if by_sample and self.checks else None
+        prechecked = failing is not None or (
             by_sample
             and self.checks
             and int(span_end.sum() - span_start.sum()) < PRECHECK_BYTES * max(len(span_end), 1)
         )
-        if prechecked:
+        if failing is not None:
+            damaged |= failing if self._selection is None else failing[chosen]
+        elif prechecked:
             damaged |= mismatched(self._data, span_start, span_end, sample_checksum)
         return ChunkTable(
             data=self._data,
@@ -389,7 +407,13 @@ class _SampleLists:
     __slots__ = ("bad", "ext", "hash", "keys", "offset", "size", "spans", "start")
 
     def __init__(
-        self, index: ShardIndex, a: int, b: int, base: int, data: bytes | memoryview | None
+        self,
+        index: ShardIndex,
+        a: int,
+        b: int,
+        base: int,
+        data: bytes | memoryview | None,
+        failing: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         first, last = int(index.member_start[a]), int(index.member_start[b])
         # version 3: bad[j], sample j's bytes fail its checksum (small samples: all checked at
@@ -397,7 +421,9 @@ class _SampleLists:
         # cache), sample j's checksum spans[3][j] covers spans[0][spans[1][j]:spans[2][j]]
         self.bad: list[bool] | None = None
         self.spans: tuple[memoryview, list[int], list[int], list[int]] | None = None
-        if index.version != 2 and data is not None:
+        if index.version != 2 and data is not None and failing is not None:
+            self.bad = failing.tolist()  # checked already (``Chunk``)
+        elif index.version != 2 and data is not None:
             starts = index.sample_offset[a:b].astype(np.int64) - base
             ends, sums = sample_ends(index, a, b) - base, sample_checksums(index, a, b)
             if int(ends.sum() - starts.sum()) < PRECHECK_BYTES * max(b - a, 1):
@@ -597,6 +623,7 @@ class ShardReader:
         self._mapped = mapped
         self._pool = pool if not source.remote else None
         self._chunk = Chunk if checksums else UncheckedChunk
+        self.checks = checksums  # whether chunks check their samples (an io may check them)
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
@@ -674,7 +701,7 @@ class ShardReader:
 
     def start_window(self, pieces: list[SampleRange]) -> None:
         """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them."""
-        if self._pool is not None and not self._maps():
+        if self._pool is not None and not self._maps() and self.io is None:
             self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
 
     def _maps(self) -> bool:
@@ -748,7 +775,11 @@ class ShardReader:
                 raise self._corrupt(
                     piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
                 )
-            return _headers_checked(self._chunk(data, begin, index, piece, shard, selection, extra))
+            failing = None
+            if isinstance(self.io, CheckingIO):  # its samples checked where they were read
+                failing = self.io.damaged(piece.shard, begin, end - begin)
+            chunk = self._chunk(data, begin, index, piece, shard, selection, extra, failing)
+            return _headers_checked(chunk)
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0, f1 = _frames_of(index, piece)
         base = int(offsets[int(frames[f0])])
@@ -912,11 +943,20 @@ class RangeIO(Protocol):
     def index_bytes(self, shard: int) -> bytes:
         """The whole index file of ``shard`` (bounded by its manifest entry)."""
 
-    def read(self, shard: int, offset: int, size: int) -> bytes:
+    def read(self, shard: int, offset: int, size: int) -> bytes | memoryview:
         """``size`` bytes of ``shard``'s file from ``offset``; fewer only where the file ends."""
 
     def close(self) -> None:
         """Stop every thread and release every file; idempotent."""
+
+
+@runtime_checkable
+class CheckingIO(RangeIO, Protocol):
+    """A ``RangeIO`` that also checks the samples it reads (``loader.localahead``)."""
+
+    def damaged(self, shard: int, offset: int, size: int) -> npt.NDArray[np.bool_] | None:
+        """For the read just made: whether each of its samples (the index's samples from
+        ``offset``) fails its version 3 checksum; None if they were not checked."""
 
 
 def _identity(status: os.stat_result) -> tuple[int, int, int, int]:

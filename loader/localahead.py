@@ -1,0 +1,270 @@
+"""Local read-ahead: a local output's next window read, and its samples checked, on one thread.
+
+In process, a ``ShardStream`` reads a window, then gathers its batches, then reads the next:
+one core does everything. Here one background thread reads the next window's bytes
+(``os.preadv`` releases the GIL) and checks each of its samples against its version 3 checksum
+(one xxh3 over the sample's bytes, first header to last data; xxhash releases the GIL too)
+while this thread gathers the batches of the window before. The reads come to the
+``ShardReader`` through its ``io`` seam (``read.RangeIO``), in plan order, with each read's
+check results (``damaged``): chunks arrive checked whatever their samples' size, and the
+batch gather does no hashing (``loader.assemble``: a ``prechecked`` window).
+
+Bounds and lifetimes:
+
+- At most one window ahead: the next window is submitted when the last read of the current
+  one is served, so memory is two windows (``BufferPool``: reused, never one that a view still
+  refers to, so the thread never writes into bytes a chunk or a batch still reads). Windows
+  whose samples average under ``AHEAD_SAMPLE_BYTES`` are not read ahead (they are read when
+  asked, on the thread): their checks are cheap at read already, and the second window would
+  push the memory of a small-sample epoch past its budget.
+- The thread starts at the first read, inside the process that iterates (a DataLoader worker,
+  never the process that forks it), and is stopped and joined by ``close()``, which the
+  stream's ``finally`` calls when the iteration ends, is closed or abandoned, or raises.
+- A read's error (a missing shard) is raised by the call that asks for that read, as a direct
+  read raises it; a short read comes back short (the reader names the first missing sample).
+  Every wait is bounded (``WAIT_S``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from loader.order import SampleRange
+from loader.prefetch import Read, planned_windows
+from loader.read import PRECHECK_BYTES, BufferPool, RangeIO, ShardReader
+from loader.source import Source
+from shardprep.format.manifest import Manifest
+from shardprep.format.shardformat import mismatched, sample_checksums, sample_ends
+
+__all__ = ["LocalAhead", "WindowPlan", "local_ahead", "window_reads"]
+
+log = logging.getLogger(__name__)
+
+THREAD_NAME = "shardprep-local-read"
+WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead of waiting forever
+JOIN_TIMEOUT_S = 5.0
+AHEAD_SAMPLE_BYTES = PRECHECK_BYTES  # windows of smaller samples on average are not read ahead
+
+IntArray = npt.NDArray[np.int64]
+WindowPlan = Callable[[ShardReader], Iterator[list[Read]]]
+
+
+def window_reads(
+    pieces: list[SampleRange], skip: int, max_samples: int, max_bytes: int
+) -> WindowPlan:
+    """The reads of ``shuffled_windows`` over ``pieces``, window by window (a stream slot)."""
+    return lambda reader: planned_windows(pieces, reader, skip, max_samples, max_bytes)
+
+
+def local_ahead(
+    source: Source, manifest: Manifest, mapped: bool, plan: WindowPlan
+) -> Callable[[ShardReader], RangeIO] | None:
+    """The ``io`` factory of a ``ShardReader`` of a local, uncompressed, unmapped output that
+    will read ``plan``; None for any other (remote: ``loader.prefetch.read_ahead``)."""
+    if source.remote or manifest.compression == "zstd" or mapped:
+        return None
+    return lambda reader: LocalAhead(source, manifest, reader, plan)
+
+
+@dataclass(slots=True)
+class _Part:
+    """One planned read of a window: where its bytes go, and what the thread made of it."""
+
+    read: Read
+    into: memoryview  # a slice of the window's buffer
+    spans: tuple[IntArray, IntArray, npt.NDArray[np.uint64]] | None  # samples to check
+    data: memoryview | None = None
+    damaged: npt.NDArray[np.bool_] | None = None
+    error: BaseException | None = None
+
+
+class _Window:
+    __slots__ = ("done", "next", "parts")
+
+    def __init__(self, parts: list[_Part]) -> None:
+        self.parts = parts
+        self.next = 0  # the next part to serve
+        self.done = threading.Event()
+
+
+class LocalAhead:
+    """A ``read.RangeIO`` reading a local output's planned windows on one thread, one ahead."""
+
+    def __init__(
+        self, source: Source, manifest: Manifest, reader: ShardReader, plan: WindowPlan
+    ) -> None:
+        self._source, self._manifest, self._reader = source, manifest, reader
+        self._plan = plan
+        self._windows: Iterator[list[Read]] | None = None  # drawn at the first read
+        self._pool = BufferPool()  # touched on this thread only
+        self._checks = reader.checks
+        self._current: _Window | None = None
+        self._ahead: _Window | None = None
+        self._jobs: queue.SimpleQueue[_Window | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._served: tuple[Read, npt.NDArray[np.bool_] | None] | None = None
+        self._held: list[Read] | None = None  # a planned window not read ahead
+        self.misses = 0  # reads that were not the next planned one (read directly)
+
+    # --- RangeIO --------------------------------------------------------------------
+
+    def index_bytes(self, shard: int) -> bytes:
+        entry = self._manifest.shards[shard]
+        return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
+
+    def read(self, shard: int, offset: int, size: int) -> bytes | memoryview:
+        """The next planned read's bytes, read on the thread; any other read is made here."""
+        if self._closed:
+            raise RuntimeError("local read-ahead is closed")
+        want = Read(shard, offset, size)
+        window = self._current
+        if window is None:
+            window = self._current = self._take()
+        if window is None or window.parts[window.next].read != want:
+            self.misses += 1  # a plan that diverged from the reader: correct, but not ahead
+            log.warning("local read-ahead: %s was not the planned next read; reading it", want)
+            self._served = None
+            return self._direct(want)
+        part = window.parts[window.next]
+        if not window.done.wait(WAIT_S):
+            name = self._source.path(self._manifest.shards[shard].file)
+            raise TimeoutError(
+                f"{name}: a read of {size} bytes at offset {offset} did not finish within "
+                f"{WAIT_S:.0f} s (local read-ahead): is the file system hung?"
+            )
+        window.next += 1
+        if window.next == len(window.parts):
+            self._current = None  # its views go with the chunks that hold them
+            self._ahead = self._submit()  # the next window, while this one is gathered
+        data, error = part.data, part.error
+        self._served = (want, part.damaged)
+        del part
+        if error is not None:
+            raise error
+        assert data is not None
+        return data
+
+    def damaged(self, shard: int, offset: int, size: int) -> npt.NDArray[np.bool_] | None:
+        """For the read just served: whether each of its samples fails its version 3 checksum
+        (checked on the thread); None if they were not checked."""
+        served, self._served = self._served, None
+        if served is None or served[0] != Read(shard, offset, size):
+            return None
+        return served[1]
+
+    def close(self) -> None:
+        """Stop and join the thread; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join(JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                log.warning("%s still reading %.0f s after close", thread.name, JOIN_TIMEOUT_S)
+        self._current = self._ahead = None
+
+    # --- planning (this thread) -------------------------------------------------------
+
+    def _take(self) -> _Window | None:
+        """The window after the current one: the one read ahead, or submitted now."""
+        ahead, self._ahead = self._ahead, None
+        return ahead if ahead is not None else self._submit(now=True)
+
+    def _submit(self, now: bool = False) -> _Window | None:
+        """Plan the next window's reads into a free buffer and queue them for the thread;
+        None at the end of the plan, or (unless ``now``) if it is not worth reading ahead."""
+        if self._windows is None:
+            self._windows = self._plan(self._reader)
+        reads, self._held = self._held or next(self._windows, None), None
+        if reads is None:
+            return None
+        total = sum(r.size for r in reads)
+        if not now and total < AHEAD_SAMPLE_BYTES * max(sum(map(self._count, reads)), 1):
+            self._held = reads  # read when asked: one window in memory
+            return None
+        self._pool.start(total)
+        window = _Window([_Part(r, self._pool.take(r.size), self._spans(r)) for r in reads])
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+        self._jobs.put(window)
+        return window
+
+    def _count(self, read: Read) -> int:
+        offsets = self._reader.index(read.shard).sample_offset
+        a, b = np.searchsorted(offsets, [read.offset, read.stop])
+        return int(b - a)
+
+    def _spans(self, read: Read) -> tuple[IntArray, IntArray, npt.NDArray[np.uint64]] | None:
+        """The version 3 sample spans of ``read`` (relative to it) and their checksums."""
+        index = self._reader.index(read.shard)
+        if not self._checks or index.version == 2:
+            return None
+        a, b = (int(i) for i in np.searchsorted(index.sample_offset, [read.offset, read.stop]))
+        starts = index.sample_offset[a:b].astype(np.int64) - read.offset
+        return starts, sample_ends(index, a, b) - read.offset, sample_checksums(index, a, b)
+
+    def _direct(self, read: Read) -> bytes:
+        name = self._manifest.shards[read.shard].file
+        with self._source.open(name) as f:
+            f.seek(read.offset)
+            data: bytes = f.read(read.size)
+        return data
+
+    # --- the thread -------------------------------------------------------------------
+
+    def _work(self) -> None:
+        files: dict[int, Any] = {}
+        try:
+            while not self._stop.is_set() and self._run(self._jobs.get(), files):
+                pass  # (no window stays referenced here while the next is awaited)
+        finally:
+            for f in files.values():
+                f.close()
+
+    def _run(self, window: _Window | None, files: dict[int, Any]) -> bool:
+        """Read (and check) ``window``'s parts; False for the stop sentinel."""
+        if window is None:
+            return False
+        for part in window.parts:
+            if self._stop.is_set():
+                break
+            try:
+                self._fill(part, files)
+            except Exception as err:  # raised by the read that asks for this part
+                part.error = err
+        window.done.set()
+        return True
+
+    def _fill(self, part: _Part, files: dict[int, Any]) -> None:
+        read = part.read
+        f = files.get(read.shard)
+        if f is None:
+            for old in files.values():
+                old.close()
+            files.clear()
+            f = files[read.shard] = self._source.open(self._manifest.shards[read.shard].file)
+        fd, into, got = f.fileno(), part.into, 0
+        while got < read.size:
+            n = os.preadv(fd, [into[got:]], read.offset + got)
+            if n == 0:
+                break  # the file ends here: the reader names the first missing sample
+            got += n
+        part.data = into[:got]
+        if part.spans is not None:
+            starts, ends, sums = part.spans
+            part.damaged = mismatched(part.data, starts, ends, sums)
