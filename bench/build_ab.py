@@ -95,8 +95,18 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("shardprep w1", "LitData optimize w1"),
     ("shardprep w2", "LitData optimize w2"),
     ("shardprep zstd w2", "LitData optimize zstd w2"),
+    ("shardprep w2", "shardprep ray w2"),  # the local engine against Ray on this machine
 )
 FLOOR = "tar cf (floor)"
+
+
+def _engine_variants() -> tuple[Any, ...]:
+    """Variants outside ``bench.build.VARIANTS``, run only when named: shardprep's Ray engine
+    on this machine (``ray.init`` inside the timer, as a user pays it; the Ray workers' CPU is
+    not in the process tree's ``os.times``)."""
+    from bench.build import Variant
+
+    return (Variant("shardprep ray w2", "shardprep", {"workers": 2, "engine": "ray"}),)
 
 
 # ------------------------------------------------------------------ pure logic
@@ -271,7 +281,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from bench.runner import _own_pss
 
     mod = importlib.import_module(PEERS[spec["system"]])
-    for name in (*mod.BUILD_IMPORTS, *COMMON_PRELOAD, *PRELOAD.get(spec["system"], ())):
+    engine = ("ray", "shardprep.engine.ray_engine") if spec["params"].get("engine") else ()
+    for name in (*mod.BUILD_IMPORTS, *COMMON_PRELOAD, *PRELOAD.get(spec["system"], ()), *engine):
         importlib.import_module(name)
     import_s = time.perf_counter() - t
     meta = json.loads(Path(spec["meta"]).read_text())
@@ -407,13 +418,14 @@ def pick_variants(spec: str | None) -> list[Any]:
     if not spec:
         return list(VARIANTS)
     wanted = [w.strip() for w in spec.split(",") if w.strip()]
-    known = {v.slug: v for v in VARIANTS} | {v.name: v for v in VARIANTS}
+    every = (*VARIANTS, *_engine_variants())
+    known = {v.slug: v for v in every} | {v.name: v for v in every}
     unknown = [w for w in wanted if w not in known]
     if unknown:
-        slugs = ", ".join(v.slug for v in VARIANTS)
+        slugs = ", ".join(v.slug for v in every)
         raise SystemExit(f"build_ab: unknown variant(s) {unknown}; known: {slugs}")
     chosen = {known[w].name for w in wanted}
-    return [v for v in VARIANTS if v.name in chosen]
+    return [v for v in every if v.name in chosen]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.list:
         print("\n".join(f"{v.slug:28} {v.name}" for v in VARIANTS))
+        print("\n".join(f"{v.slug:28} {v.name} (only when named)" for v in _engine_variants()))
         return 0
     if a.raw is None or a.dataset is None:
         p.error("--raw and --dataset are required")

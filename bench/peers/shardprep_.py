@@ -18,7 +18,7 @@ LOAD_IMPORTS = ("loader", "loader.dataset", "torch.utils.data")
 
 
 def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """``shardprep.build(raw, out, shards=N, workers=K, compression=...)``."""
+    """``shardprep.build(raw, out, shards=N, workers=K, compression=...[, engine=...])``."""
     import shardprep
 
     opts: dict[str, Any] = {
@@ -27,6 +27,8 @@ def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> d
         "compression": params.get("compression") or "none",
         "progress": False,  # like the CLI's --quiet; peers print nothing either
     }
+    if params.get("engine"):
+        opts["engine"] = params["engine"]
     shardprep.build(raw, out, **opts)
     return {"files": len(glob.glob(os.path.join(out, "shard-*.tar*")))}
 
