@@ -167,7 +167,8 @@ def test_a_damaged_sample_is_named_at_the_batch_that_holds_it(
     order = [list(b["__key__"]) for b in ShardDataset(str(clean), **KW)]
     holding = next(i for i, keys in enumerate(order) if key in keys)
     errors = []
-    for extra in ({}, {"transform": lambda s: s}):
+    extras: list[dict[str, Any]] = [{}, {"transform": lambda s: s}]
+    for extra in extras:
         got = []
         with pytest.raises(CorruptShardError) as info:
             for batch in ShardDataset(str(out), **KW, **extra):
