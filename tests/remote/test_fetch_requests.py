@@ -1,0 +1,62 @@
+"""How many requests, and how many at once, the fetch layer makes against a real S3 server
+(moto on 127.0.0.1) through the counting proxy of ``tests.s3``.
+
+Each range of ``Source.fetch_ranges`` is one GET with both backends (obstore's ``get_ranges``
+merged ranges that touch into one request: a cache download went over one connection), and a
+cache download of a shard makes one GET per ``request_bytes``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("obstore")
+
+from loader import ReadOptions, RemoteOptions, ShardDataset  # noqa: E402
+from loader.source import Source  # noqa: E402
+from tests.s3 import Proxy, S3Server  # noqa: E402
+
+PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
+
+
+def gets(proxy: Proxy, since: int, suffix: str) -> int:
+    lines = [r.split("?")[0] for r in proxy.requests[since:]]
+    return sum(1 for r in lines if r.startswith("GET ") and r.endswith(suffix))
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_fetch_ranges_is_one_get_per_range(
+    s3: S3Server, bucket: str, proxy: Proxy, backend: str
+) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+    fs.pipe(f"{bucket}/obj", PAYLOAD)
+    options = RemoteOptions(storage_options=s3.storage_options(proxy.endpoint), backend=backend)
+    source = Source(f"s3://{bucket}", options)
+    ranges = [(0, 1000), (1000, 5000), (5000, 9000), (9000, 20_000), (30_000, 30_001)]
+    since = len(proxy.requests)
+    parts = source.fetch_ranges("obj", ranges)
+    assert [bytes(p) for p in parts] == [PAYLOAD[a:b] for a, b in ranges]
+    assert gets(proxy, since, "/obj") == len(ranges)  # adjacent ranges are not merged
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_cache_download_is_one_get_per_request_bytes(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str], tmp_path: Path, backend: str
+) -> None:
+    options = s3.storage_options(proxy.endpoint)
+    probe = ShardDataset(
+        uploaded["tar"], read=ReadOptions(remote=RemoteOptions(storage_options=options))
+    )
+    entry = probe.manifest.shards[0]
+    step = entry.num_bytes // 5 + 1  # five ranges, the last one short
+    remote = RemoteOptions(
+        storage_options=options, backend=backend, cache_dir=str(tmp_path), request_bytes=step
+    )
+    ds = ShardDataset(uploaded["tar"], shuffle=False, read=ReadOptions(remote=remote))
+    since = len(proxy.requests)
+    assert sum(1 for _ in ds) == probe.total
+    assert gets(proxy, since, "/" + entry.file) == 5
