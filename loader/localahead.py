@@ -146,7 +146,7 @@ class LocalAhead:
         window.next += 1
         if window.next == len(window.parts):
             self._current = None  # its views go with the chunks that hold them
-            self._ahead = self._submit()  # the next window, while this one is gathered
+            self._read_ahead()  # the next window, while this one is gathered
         data, error = part.data, part.error
         self._served = (want, part.damaged)
         del part
@@ -178,6 +178,16 @@ class LocalAhead:
         self._current = self._ahead = None
 
     # --- planning (this thread) -------------------------------------------------------
+
+    def _read_ahead(self) -> None:
+        """Submit the next window now, unless planning it fails: its error (say, a damaged index
+        of its shard) is then the reader's to raise where it reads that window, not here, a
+        window early; the reads from there on are made directly."""
+        try:
+            self._ahead = self._submit()
+        except Exception as err:
+            log.debug("local read-ahead stops: planning the next window failed: %s", err)
+            self._windows = iter(())
 
     def _take(self) -> _Window | None:
         """The window after the current one: the one read ahead, or submitted now."""

@@ -28,6 +28,7 @@ from loader.core import ShardStream
 from loader.localahead import THREAD_NAME, LocalAhead, window_reads
 from loader.read import BufferPool
 from loader.shuffle import plan_windows
+from shardprep.format.errors import ChecksumMismatchError
 from shardprep.format.shardformat import decode_index
 
 KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
@@ -248,3 +249,26 @@ def test_the_reader_starts_its_thread_at_its_first_read(
     finally:
         reader.close()
     assert not _threads()
+
+
+def test_a_damaged_index_is_raised_where_its_shard_is_read(
+    large: tuple[Path, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """Planning the window ahead reads the next shard's index: its error must come when that
+    window is read (as without the thread: mapped reads), not a window early."""
+    clean, _ = large
+    out = tmp_path / "out"
+    shutil.copytree(clean, out)
+    index = out / "shard-00002.idx"
+    data = bytearray(index.read_bytes())
+    data[-1] ^= 0xFF
+    index.write_bytes(bytes(data))
+    counts = []
+    for read in (ReadOptions(), ReadOptions(mapped=True)):
+        got = []
+        with pytest.raises(ChecksumMismatchError, match="shard-00002.idx"):
+            for batch in ShardDataset(str(out), **KW, shuffle=False, read=read):
+                got.append(list(batch["__key__"]))
+        counts.append(len(got))
+    assert counts[0] == counts[1] > 0
+    assert _until(lambda: not _threads())
