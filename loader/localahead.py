@@ -250,14 +250,16 @@ class LocalAhead:
         """Read (and check) ``window``'s parts; False for the stop sentinel."""
         if window is None:
             return False
-        for part in window.parts:
-            if self._stop.is_set():
-                break
-            try:
-                self._fill(part, files)
-            except Exception as err:  # raised by the read that asks for this part
-                part.error = err
-        window.done.set()
+        try:
+            for part in window.parts:
+                if self._stop.is_set():
+                    break
+                try:
+                    self._fill(part, files)
+                except Exception as err:  # raised by the read that asks for this part
+                    part.error = err
+        finally:
+            window.done.set()  # whatever happened, the reader waits no longer
         return True
 
     def _fill(self, part: _Part, files: dict[int, Any]) -> None:
