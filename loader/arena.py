@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RINGS", "Arena", "Ticket", "receive_bytes", "ring_slot"]
+__all__ = ["ALIGN", "RINGS", "Arena", "Ticket", "receive_bytes", "ring_slot"]
 
 RINGS = platform.machine().lower() in ("x86_64", "amd64")
 MIN_BYTES = 8 << 20  # a ring holds at least this much
@@ -69,6 +69,15 @@ BATCHES = 5
 # the counter the receiving process writes never shares a cache line with payload bytes.
 HEADER = 4096
 MEMFD = hasattr(os, "memfd_create")  # and torch's sharing strategy passes file descriptors
+ALIGN = 8  # every array ``Arena.place`` writes starts at a multiple of this in the ring
+
+
+# Where one array lies in a slot of a ring: (byte offset, NumPy dtype string, element count).
+# A plain tuple: it is pickled with every small batch.
+Place = tuple[int, str, int]
+
+
+_NAMES: dict[np.dtype[Any], str] = {}  # each dtype's ``str``, worked out once
 
 
 class Ticket:
@@ -130,12 +139,46 @@ class Arena:
     def commit(self, begin: int, consumed: int, size: int) -> tuple[torch.Tensor, Ticket]:
         """Hand out the reserved payload: the tensor over its bytes (valid until the main
         process has received it) and the ticket that crosses instead."""
+        ticket = self._commit(begin, consumed, size)
+        assert self._data is not None
+        return self._data[HEADER + begin : HEADER + begin + size], ticket
+
+    def _commit(self, begin: int, consumed: int, size: int) -> Ticket:
         assert self._data is not None
         self._allocated += consumed
         storage = None if self._announced else self._data
         self._announced = True
-        ticket = Ticket(self.owner, self.ring, begin, size, consumed, storage)
-        return self._data[HEADER + begin : HEADER + begin + size], ticket
+        return Ticket(self.owner, self.ring, begin, size, consumed, storage)
+
+    def place(self, arrays: list[np.ndarray[Any, Any]]) -> tuple[Ticket, list[Place]] | None:
+        """Write ``arrays`` into one slot of the ring, each starting at a multiple of
+        ``ALIGN``, and commit it: the slot's ticket and, per array, where it lies in the slot
+        (``Place``: offset, NumPy dtype string, element count; flattened). None if the ring
+        has no room (nothing is written then).
+
+        A small batch's arrays (payloads, offsets, keys, flags) cross this way
+        (``loader.batch.cross``): one slot, one ticket, a few memory copies.
+        """
+        flat = [a.reshape(-1) for a in arrays]
+        total = 0
+        for a in flat:
+            total += -(-a.nbytes // ALIGN) * ALIGN
+        slot = self.reserve(total + ALIGN)
+        if slot is None:
+            return None
+        begin, consumed, out = slot
+        at = -begin % ALIGN  # the ring's payloads start page-aligned: this aligns each array
+        places: list[Place] = []
+        for a in flat:
+            size = a.nbytes
+            out[at : at + size] = a.view(np.uint8).data  # one memcpy, no temporary array
+            dtype = a.dtype
+            name = _NAMES.get(dtype)
+            if name is None:
+                name = _NAMES[dtype] = dtype.str
+            places.append((at, name, a.size))
+            at += -(-size // ALIGN) * ALIGN
+        return self._commit(begin, consumed, total + ALIGN), places
 
     def withdraw(self, ticket: Ticket) -> None:
         """Undo the last :meth:`commit` (of ``ticket``, which never left this process: a later
@@ -180,6 +223,21 @@ def ring_slot(allocated: int, released: int, capacity: int, size: int) -> tuple[
     return (0 if pad else start), pad + size
 
 
+class _Lent:
+    """One payload lent from a ring: its bytes, whether it is freed, and the weak reference
+    whose callback (this object) frees it when the array over the payload goes."""
+
+    __slots__ = ("freed", "ref", "ring", "size")
+
+    def __init__(self, ring: _Ring, size: int) -> None:
+        self.ring, self.size, self.freed = ring, size, False
+        self.ref: weakref.ref[Any] | None = None
+
+    def __call__(self, _: weakref.ref[Any]) -> None:
+        self.ref = None  # (the reference held this object: the cycle ends here)
+        self.ring.free(self)
+
+
 class _Ring:
     """A worker's ring as the receiving process sees it, and which of its bytes are in use."""
 
@@ -189,25 +247,27 @@ class _Ring:
         self.owner, self.data = owner, data  # kept: it owns the memory
         self.view = memoryview(data.numpy())[HEADER:]  # type: ignore[arg-type]
         self.counter = _counter(data)  # the worker reads it; only this process adds to it
-        self.pending: deque[list[int]] = deque()  # [bytes, freed] per payload, oldest first
+        self.pending: deque[_Lent] = deque()  # payloads lent, oldest first
         self.lock = threading.Lock()  # payloads are freed in any thread, in any order
 
     def lend(self, begin: int, size: int, consumed: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """An array over the payload's bytes in the ring (no copy), released when it is freed."""
         array = np.frombuffer(self.view, dtype=np.uint8, count=size, offset=begin)
-        slot = [consumed, 0]
-        with self.lock:
-            self.pending.append(slot)
+        lent = _Lent(self, consumed)
         # The tensor's storage holds ``array``; once no tensor or view of it is left, ``array``
-        # goes and its bytes return to the worker.
-        weakref.finalize(array, self._free, slot)
+        # goes, the reference calls ``lent`` and its bytes return to the worker. (A weak
+        # reference with a callback: ``weakref.finalize`` costs ~3x more per batch.)
+        lent.ref = weakref.ref(array, lent)
+        self.pending.append(lent)  # (appending is atomic; ``free`` pops under the lock)
         return array
 
-    def _free(self, slot: list[int]) -> None:
+    def free(self, lent: _Lent) -> None:
+        """``lent`` is freed; the oldest payloads freed so far go back to the worker."""
         with self.lock:
-            slot[1] = 1
-            while self.pending and self.pending[0][1]:  # the worker reuses its oldest bytes first
-                self.counter[0] += self.pending.popleft()[0]
+            lent.freed = True
+            pending = self.pending
+            while pending and pending[0].freed:  # the worker reuses its oldest bytes first
+                self.counter[0] += pending.popleft().size
 
 
 _received: dict[str, _Ring] = {}

@@ -37,7 +37,7 @@ import xxhash
 from torch.utils.data._utils.collate import default_collate
 
 from loader.arena import Arena
-from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Crossing, Packed, collate_samples
+from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples, cross
 from loader.read import Chunk
 from shardprep.format.shardformat import payload_checksum
 
@@ -390,41 +390,8 @@ def _fast(
     if arena is not None:
         arrays.append((KEY, batch[KEY], [batch[KEY]]))
         arrays.append(("__padded__", batch["__padded__"], [padded]))
-        batch.crossing = _cross(arena, arrays)
+        batch.crossing = cross(arena, arrays)
     return batch
-
-
-ALIGN = 8  # every array of a crossing batch starts at a multiple of this in the ring
-
-
-def _cross(arena: Arena, fields: list[tuple[str, Any, list[npt.NDArray[Any]]]]) -> Crossing | None:
-    """The arrays of ``fields`` (each field's value and its arrays) written into the worker's
-    ring, one slot for the batch: how they cross (``Crossing``). None if the ring has no room
-    (the batch then crosses pickled, as before)."""
-    places: list[int] = []
-    total = 0
-    for _, _, parts in fields:
-        for part in parts:
-            places.append(total)
-            total += -(-part.nbytes // ALIGN) * ALIGN
-    slot = arena.reserve(total + ALIGN)
-    if slot is None:
-        return None
-    begin, consumed, out = slot
-    skew = -begin % ALIGN  # the ring's payloads start page-aligned: this aligns each array
-    into = np.frombuffer(out, dtype=np.uint8)
-    at = iter(places)
-    specs: dict[str, tuple[Any, tuple[Any, ...]]] = {}
-    for field, value, parts in fields:
-        spec = []
-        for part in parts:
-            start = skew + next(at)
-            into[start : start + part.nbytes] = part.reshape(-1).view(np.uint8)
-            spec.append((start, part.dtype.str, part.size))
-        specs[field] = (value, tuple(spec))
-    del into
-    _, ticket = arena.commit(begin, consumed, total + ALIGN)
-    return Crossing(ticket, specs)
 
 
 class _Fields:

@@ -36,9 +36,9 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
-from loader.arena import receive_bytes
+from loader.arena import Arena, receive_bytes
 
-__all__ = ["POSITION", "Batch", "Crossing", "Packed", "collate_samples", "pack"]
+__all__ = ["POSITION", "Batch", "Crossing", "Packed", "collate_samples", "cross", "pack"]
 
 POSITION = "__position__"
 KEY = "__key__"
@@ -88,6 +88,24 @@ class Crossing:
     def __init__(self, ticket: Any, specs: dict[str, tuple[Any, tuple[Any, ...]]]) -> None:
         self.ticket = ticket
         self.specs = specs
+
+
+def cross(
+    arena: Arena, fields: list[tuple[str, Any, list[np.ndarray[Any, Any]]]]
+) -> Crossing | None:
+    """How a batch made in a DataLoader worker crosses: each field's arrays (``fields``: the
+    field, its value in the batch, its arrays) written into one slot of the worker's ring
+    (``Arena.place``). None if the ring has no room (the batch then crosses pickled)."""
+    placed = arena.place([part for _, _, parts in fields for part in parts])
+    if placed is None:
+        return None
+    ticket, places = placed
+    specs: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+    at = 0
+    for field, value, parts in fields:
+        specs[field] = (value, tuple(places[at : at + len(parts)]))
+        at += len(parts)
+    return Crossing(ticket, specs)
 
 
 SHARE_BYTES = 1 << 20  # a tensor this large crosses from a worker in shared memory
