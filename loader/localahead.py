@@ -105,7 +105,7 @@ class LocalAhead:
         self._source, self._manifest, self._reader = source, manifest, reader
         self._plan = plan
         self._windows: Iterator[list[Read]] | None = None  # drawn at the first read
-        self._pool = BufferPool()  # touched on this thread only
+        self._pool = BufferPool()  # used by the iterating thread; the other fills views of it
         self._checks = reader.checks
         self._current: _Window | None = None
         self._ahead: _Window | None = None
