@@ -20,6 +20,8 @@ round-robin over all of them (``--repeats`` rounds; median and min–max):
   obstore: ``floor obstore``);
 * ``shardprep``: the default fetch backend (obstore when installed),
   ``shardprep fsspec``: ``RemoteOptions(backend="fsspec")``;
+* ``shardprep 8x8MiB`` (only when ``--systems`` names it): read-ahead with the defaults
+  before 16 x 4 MiB (``RemoteOptions(request_bytes=8 MiB, max_requests=8)``), for the A/B;
 * ``local``: shardprep over the same build on local disk.
 
 MB/s counts payload bytes for every row. Results: ``WORK/remote-results.json``
@@ -43,6 +45,9 @@ from bench.harness import DEFAULT_WORK, REPO, Config, dataset, log, median_dict,
 BATCH = 64
 SHARDS = 16
 BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
+# RemoteOptions of A/B rows, run only when --systems names them: the read-ahead defaults before
+# this change (8 requests of 8 MiB in the 64 MiB budget) against today's (16 of 4 MiB)
+OPTIONS = {"shardprep 8x8MiB": {"request_bytes": 8 << 20, "max_requests": 8}}
 BACKENDS = {
     "shardprep": "auto",
     "shardprep fsspec": "fsspec",
@@ -56,6 +61,7 @@ LABELS = {
     "local": "shardprep, same build on local disk",
     "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead (obstore)",
     "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
+    "shardprep 8x8MiB": "shardprep, read-ahead, 8 requests of 8 MiB (the defaults before)",
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "shardprep cache fsspec": 'shardprep, read-ahead + `cache_dir`, `backend="fsspec"`',
     "mds": "MosaicML StreamingDataset (remote → local)",
@@ -147,6 +153,7 @@ def run(
                     "boto3_options": _boto3_options(env),
                     "cache_dir": str(cache) if cached else None,
                     "backend": BACKENDS.get(system, "auto"),
+                    "options": OPTIONS.get(system, {}),
                 }
                 key = f"{system} | w{w}"
                 once = _load_cell(cfg, peer, url, {"remote": remote}, w, n, total)
@@ -305,7 +312,7 @@ def ratios(rows: dict[str, Any]) -> list[str]:
         r = rows.get(key)
         return None if r is None or "error" in r else float(r["mb_s"])
 
-    for system in ("shardprep", "shardprep fsspec"):
+    for system in ("shardprep", "shardprep fsspec", "shardprep 8x8MiB"):
         for other, label in (
             ("litdata | w{w} | epoch 1", "LitData"),
             ("floor | w0", "floor (s3fs)"),

@@ -8,7 +8,9 @@ same windows, the same resume skip); ``plan_groups`` coalesces adjacent reads
 of one shard into groups of at most ``request_bytes``; ``ReadAhead`` keeps
 up to ``max_requests`` ranged GETs in flight on its own threads, at most
 ``read_ahead_bytes`` fetched or being fetched beyond the read being served,
-and hands the bytes to the ``ShardReader`` (``read.RangeIO``) in plan order.
+and hands the bytes to the ``ShardReader`` (``read.RangeIO``) in plan order
+(``concurrency``: with ``max_requests=None``, 16 requests per DataLoader split between its
+workers, the budget divided between them: 16 of 4 MiB in process, 8 of 8 MiB in 2 workers).
 The bytes are the same, in the same order: checksums are verified downstream
 as without read-ahead.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -56,6 +59,7 @@ __all__ = [
     "Read",
     "ReadAhead",
     "ReadPlan",
+    "concurrency",
     "piece_plan",
     "plan_groups",
     "planned_reads",
@@ -67,6 +71,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
+AUTO_REQUESTS = 16  # max_requests=None: requests in flight per DataLoader, split between workers
+MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
+MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
 THREAD_NAME = "shardprep-read-ahead"
@@ -148,6 +155,30 @@ def piece_plan(pieces: Callable[[], Iterator[SampleRange]]) -> ReadPlan:
             yield Read(piece.shard, *reader.span(piece))
 
     return ReadPlan(reads, lambda: (piece.shard for piece in pieces()))
+
+
+def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
+    """(requests in flight, bytes per request) of one worker's read-ahead, of ``workers``.
+
+    ``max_requests`` given: it and ``request_bytes``, per worker. ``None``: ``AUTO_REQUESTS``
+    split between the workers (at least ``MIN_AUTO_REQUESTS`` each), each request at most
+    ``read_ahead_bytes`` over that count (not under ``MIN_AUTO_REQUEST_BYTES``): the budget is spent on as many connections as it
+    holds (a paced link gives each connection its share; one process alone needs more of
+    them), and workers together keep the node's count (fewer, larger requests each).
+    """
+    if options.max_requests is not None:
+        return options.max_requests, options.request_bytes
+    requests = max(MIN_AUTO_REQUESTS, AUTO_REQUESTS // max(1, workers))
+    share = max(MIN_AUTO_REQUEST_BYTES, options.read_ahead_bytes // requests)
+    return requests, min(options.request_bytes, share)
+
+
+def dataloader_workers() -> int:
+    """The number of workers of the torch DataLoader this process is a worker of, else 1
+    (torch is not imported for this: a process that never imported it is no such worker)."""
+    data = sys.modules.get("torch.utils.data")
+    info = None if data is None else data.get_worker_info()
+    return 1 if info is None else int(info.num_workers)
 
 
 def plan_groups(reads: Iterator[Read], request_bytes: int) -> Iterator[Group]:
@@ -267,9 +298,10 @@ class ReadAhead:
         cache: Any = None,
     ) -> None:
         self._source, self._manifest, self._options = source, manifest, options
-        self._groups = plan_groups(reads, options.request_bytes)
+        requests, self._request_bytes = concurrency(options, dataloader_workers())
+        self._groups = plan_groups(reads, self._request_bytes)
         self._cache = cache  # a loader.cache.ShardCache, or None: stream into memory
-        self._pool = _Pool(options.max_requests)
+        self._pool = _Pool(requests)
         self._pending: deque[_Pending] = deque()
         self._budget = 0  # bytes held or in flight ahead (see _cost)
         self._pinned: dict[int, int] = {}  # cache mode: outstanding groups per shard
@@ -407,7 +439,7 @@ class ReadAhead:
                 )
 
             return [(group.start, self._pool.submit(cached))]
-        step = self._options.request_bytes
+        step = self._request_bytes
         starts = range(group.start, max(stop, group.start + 1), step)
         return [
             (

@@ -88,5 +88,6 @@ def _remote(params: dict[str, Any]) -> dict[str, Any]:
         storage_options=remote["storage_options"],
         cache_dir=remote.get("cache_dir"),
         backend=remote.get("backend", "auto"),
+        **remote.get("options", {}),  # e.g. request_bytes, max_requests (bench.remote A/B rows)
     )
     return {"read": ReadOptions(remote=options)}

@@ -2,19 +2,24 @@
 (moto on 127.0.0.1) through the counting proxy of ``tests.s3``.
 
 Each range of ``Source.fetch_ranges`` is one GET with both backends (obstore's ``get_ranges``
-merged ranges that touch into one request: a cache download went over one connection), and a
-cache download of a shard makes one GET per ``request_bytes``.
+merged ranges that touch into one request: a cache download went over one connection), a
+cache download of a shard makes one GET per ``request_bytes``, and the read-ahead keeps 16
+requests in flight per DataLoader by default (16 threads in process, 8 in each of 2 workers).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch.utils.data
 
 pytest.importorskip("obstore")
 
 from loader import ReadOptions, RemoteOptions, ShardDataset  # noqa: E402
+from loader.prefetch import THREAD_NAME, concurrency  # noqa: E402
 from loader.source import Source  # noqa: E402
 from tests.s3 import Proxy, S3Server  # noqa: E402
 
@@ -60,3 +65,42 @@ def test_cache_download_is_one_get_per_request_bytes(
     since = len(proxy.requests)
     assert sum(1 for _ in ds) == probe.total
     assert gets(proxy, since, "/" + entry.file) == 5
+
+
+def test_concurrency_spends_the_budget_on_connections() -> None:
+    auto = RemoteOptions()
+    assert concurrency(auto, 1) == (16, 4 << 20)  # in process: 16 requests of 4 MiB
+    assert concurrency(auto, 2) == (8, 8 << 20)  # 2 workers: 8 of 8 MiB each (16 per node)
+    assert concurrency(auto, 8) == (4, 8 << 20)  # at least 4 each, at most request_bytes
+    assert concurrency(RemoteOptions(read_ahead_bytes=4 << 20), 1) == (16, 1 << 20)
+    assert concurrency(RemoteOptions(read_ahead_bytes=20_000, request_bytes=3000), 1) == (16, 3000)
+    given = RemoteOptions(max_requests=5, request_bytes=1 << 20)
+    assert concurrency(given, 1) == concurrency(given, 4) == (5, 1 << 20)  # per worker, as given
+    with pytest.raises(ValueError, match="max_requests >= 1"):
+        RemoteOptions(max_requests=0)
+
+
+class _ReadAheadThreads(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Yields, once per worker, how many read-ahead threads it runs after its first sample."""
+
+    def __init__(self, dataset: ShardDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[int]:
+        samples = iter(self.dataset)
+        next(samples)
+        yield sum(1 for t in threading.enumerate() if t.name.startswith(THREAD_NAME))
+        for _ in samples:  # the whole share: every thread ends with the iterator
+            pass
+
+
+@pytest.mark.parametrize(("workers", "threads"), [(0, [16]), (2, [8, 8])])
+def test_read_ahead_requests_per_dataloader(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str], workers: int, threads: list[int]
+) -> None:
+    remote = RemoteOptions(storage_options=s3.storage_options(proxy.endpoint))
+    ds = ShardDataset(uploaded["zstd"], read=ReadOptions(remote=remote))
+    loader = torch.utils.data.DataLoader(
+        _ReadAheadThreads(ds), batch_size=None, num_workers=workers, timeout=120 if workers else 0
+    )
+    assert sorted(int(n) for n in loader) == threads
