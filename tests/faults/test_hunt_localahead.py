@@ -1,0 +1,387 @@
+"""Hostile use of the local read-ahead (``loader.localahead``): shards changed under a running
+epoch, a read error on the thread, Ctrl-C, abandoned iterators, killed and persistent DataLoader
+workers, a resumed StatefulDataLoader, a fork from inside an epoch, and memory over many
+windows. Real files and processes throughout; samples of 70-100 KiB and 1 MiB windows, so
+every window after the first goes through the thread. Whatever happens, a batch holds its
+samples' own bytes, an error names the shard, and no thread or process is left behind."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import shutil
+import signal
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardprep
+from loader import CorruptShardError, ShardDataset
+from loader.core import ShardStream
+from loader.localahead import THREAD_NAME
+from tests.processes import run_bounded
+
+KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _build(base: Path, count: int, big: int | None = None) -> tuple[Path, dict[str, bytes]]:
+    """``count`` samples of a 70-100 KiB ``.jpg`` (sample ``big``: 20 MiB) and a ``.txt``, in 3
+    plain shards; and the ``.jpg`` bytes by key."""
+    raw = base / "raw"
+    raw.mkdir(parents=True)
+    rng = random.Random(7)
+    jpgs = {}
+    for i in range(count):
+        key = f"{i:03d}"
+        size = 20 << 20 if i == big else rng.randrange(70 << 10, 100 << 10)
+        jpgs[key] = rng.randbytes(size)
+        (raw / f"{key}.jpg").write_bytes(jpgs[key])
+        (raw / f"{key}.txt").write_bytes(b"caption %d" % i)
+    shardprep.build(str(raw), str(base / "out"), shards=3, workers=1, progress=False,
+                    input_format="keyed")  # fmt: skip
+    return base / "out", jpgs
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    return _build(tmp_path_factory.mktemp("hunt"), 90)
+
+
+@pytest.fixture
+def copy(large: tuple[Path, dict[str, bytes]], tmp_path: Path) -> Path:
+    shutil.copytree(large[0], tmp_path / "out")
+    return tmp_path / "out"
+
+
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def _until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _check(batch: dict[str, Any], jpgs: dict[str, bytes]) -> int:
+    """Assert every sample of ``batch`` holds its own bytes; how many it holds."""
+    keys = list(batch["__key__"])
+    for key, data in zip(keys, batch["jpg"].tolist(), strict=True):
+        assert data == jpgs[key], f"sample {key} delivered with wrong bytes"
+    return len(keys)
+
+
+def _change(tar: Path, how: str) -> None:
+    size = tar.stat().st_size
+    if how == "truncate":
+        os.truncate(tar, 100_000)
+    elif how == "overwrite":
+        with open(tar, "r+b") as f:
+            f.write(random.Random(1).randbytes(size))
+    elif how == "rename":
+        other = tar.with_suffix(".new")
+        other.write_bytes(random.Random(2).randbytes(size))
+        os.replace(other, tar)
+    else:
+        tar.unlink()
+
+
+@pytest.mark.parametrize("how", ["truncate", "overwrite", "rename", "delete"])
+@pytest.mark.parametrize("at", [0, 3])
+def test_a_shard_changed_between_windows(
+    large: tuple[Path, dict[str, bytes]], copy: Path, how: str, at: int
+) -> None:
+    """Each shard changed in turn after batch ``at``: the batches before the error hold their
+    own bytes, the error names the changed shard, and a shard changed before it is read
+    always raises."""
+    _, jpgs = large
+    raised = 0
+    for shard in range(3):
+        out = copy.parent / f"out{shard}"
+        shutil.copytree(copy, out)
+        tar = out / f"shard-{shard:05d}.tar"
+        with pytest.raises(CorruptShardError) as info:  # noqa: PT012 - the epoch is the act
+            for n, batch in enumerate(ShardDataset(str(out), **KW)):
+                _check(batch, jpgs)
+                if n == at:
+                    _change(tar, how)
+        assert f"shard-{shard:05d}.tar" in str(info.value)
+        raised += 1
+        assert _until(lambda: not _threads())
+    assert raised == 3
+
+
+def test_bytes_scribbled_while_the_thread_reads(
+    large: tuple[Path, dict[str, bytes]], copy: Path
+) -> None:
+    """Another thread overwrites 4 KiB blocks of the shards all through the epoch (mid-window
+    too): nothing wrong is ever delivered, and the damage is named as a checksum mismatch."""
+    _, jpgs = large
+    for trial in range(4):
+        out = copy.parent / f"scribbled{trial}"
+        shutil.copytree(copy, out)
+        stop = threading.Event()
+        rng = random.Random(trial)
+
+        def scribble(rng: random.Random = rng, out: Path = out, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                with open(out / f"shard-{rng.randrange(3):05d}.tar", "r+b") as f:
+                    f.seek(rng.randrange(2_600_000))
+                    f.write(rng.randbytes(4096))
+                stop.wait(0.002)
+
+        scribbler = threading.Thread(target=scribble)
+        try:
+            with pytest.raises(CorruptShardError, match=r"shard-0000\d\.tar: sample '\d{3}'"):
+                for n, batch in enumerate(ShardDataset(str(out), **KW)):
+                    if n == 1:
+                        scribbler.start()
+                    _check(batch, jpgs)
+        finally:
+            stop.set()
+            if scribbler.is_alive():
+                scribbler.join(10)
+        assert _until(lambda: not _threads())
+
+
+def test_a_read_error_on_the_thread_names_the_shard(copy: Path) -> None:
+    """The thread's read fails (EIO: the shard is a link to this process's memory, read at
+    unmapped addresses): the consumer's error names the shard, not just the errno."""
+    tar = copy / "shard-00002.tar"
+    tar.unlink()
+    tar.symlink_to("/proc/self/mem")
+    with pytest.raises(OSError, match="shard-00002.tar"):
+        list(ShardDataset(str(copy), **KW, shuffle=False))
+    assert _until(lambda: not _threads())
+
+
+def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
+    code = getattr(threading.Thread, name).__code__
+    """A trace function that raises KeyboardInterrupt (as Python's SIGINT handler raises a
+    Ctrl-C: in the main thread, at the code it is running) as the main thread enters
+    ``threading.Thread.<name>`` called by the read-ahead: a moment a real Ctrl-C may land."""
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is code:
+            caller = frame.f_back
+            if caller is not None and caller.f_code.co_filename.endswith("localahead.py"):
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    return trace
+
+
+@pytest.mark.parametrize("where", ["start", "join"])
+def test_ctrl_c_as_the_thread_starts_or_stops(copy: Path, where: str) -> None:
+    """Ctrl-C while the thread is being started (or joined): the consumer gets the
+    KeyboardInterrupt itself (not an error of the cleanup), and the thread is gone after."""
+    it = ShardStream(str(copy), **KW).iterate(0)
+    sys.settrace(_interrupt_when(where))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if where == "start":
+                next(it)
+            else:
+                next(it)
+                it.close()  # type: ignore[attr-defined]
+    except RuntimeError as err:  # the KeyboardInterrupt lost in the cleanup
+        pytest.fail(f"Ctrl-C became {err!r}")
+    finally:
+        sys.settrace(None)
+    del it
+    gc.collect()
+    assert _until(lambda: not _threads())
+
+
+def test_ctrl_c_at_random_moments(copy: Path) -> None:
+    """SIGALRM-driven KeyboardInterrupts at random moments of many epochs' first windows:
+    always the KeyboardInterrupt, never another error, no thread left."""
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    rng = random.Random(3)
+    try:
+        for _ in range(60):
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.02))
+            try:
+                for _batch in ShardDataset(str(copy), **KW):
+                    pass
+            except KeyboardInterrupt:
+                pass
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    gc.collect()
+    assert _until(lambda: not _threads())
+
+
+@pytest.mark.parametrize("how", ["break", "del", "unfinished", "raise"])
+def test_the_consumer_leaves_the_epoch(
+    large: tuple[Path, dict[str, bytes]], copy: Path, how: str
+) -> None:
+    _, jpgs = large
+
+    def epoch() -> Iterator[dict[str, Any]]:
+        yield from ShardDataset(str(copy), **KW)
+
+    if how == "break":
+        for n, batch in enumerate(ShardDataset(str(copy), **KW)):
+            _check(batch, jpgs)
+            if n == 3:
+                break
+    elif how == "del":
+        it = iter(ShardDataset(str(copy), **KW))
+        _check(next(it), jpgs)
+        assert len(_threads()) == 1
+        del it
+    elif how == "unfinished":
+        gen = epoch()
+        _check(next(gen), jpgs)
+        del gen
+    else:
+        with pytest.raises(ValueError, match="training step"):
+            for n, batch in enumerate(ShardDataset(str(copy), **KW)):
+                if n == 2:
+                    raise ValueError("training step")
+    gc.collect()
+    assert _until(lambda: not _threads())
+
+
+def test_two_datasets_of_one_output_and_a_fork_inside_the_epoch(
+    large: tuple[Path, dict[str, bytes]],
+) -> None:
+    """Two epochs of one output interleaved in one process, and DataLoaders (forked workers)
+    made and run inside that loop while both threads read: every sample of each, its bytes."""
+    out, jpgs = large
+    a, b = ShardDataset(str(out), **KW), ShardDataset(str(out), **KW, seed=3)
+    seen_a, seen_b, inner = 0, 0, 0
+    for n, (x, y) in enumerate(zip(a, b, strict=True)):
+        seen_a += _check(x, jpgs)
+        seen_b += _check(y, jpgs)
+        if n in (1, 9):
+            assert len(_threads()) == 2
+            inner_ds = ShardDataset(str(out), **KW, seed=9)
+            for z in DataLoader(inner_ds, batch_size=None, num_workers=2):
+                inner += _check(z, jpgs)
+    assert (seen_a, seen_b, inner) == (90, 90, 180)
+    assert _until(lambda: not _threads())
+
+
+def test_persistent_workers_over_three_epochs(large: tuple[Path, dict[str, bytes]]) -> None:
+    out, jpgs = large
+    ds = ShardDataset(str(out), **KW)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        ref = ShardDataset(str(out), **KW)
+        ref.set_epoch(epoch)
+        want = sorted(k for batch in ref for k in batch["__key__"])
+        got = []
+        for batch in loader:
+            _check(batch, jpgs)
+            got.extend(batch["__key__"])
+        assert sorted(got) == want and len(got) == 90
+    del loader
+    assert not _threads()
+
+
+def test_a_stateful_dataloader_resumes_with_the_exact_rest(
+    large: tuple[Path, dict[str, bytes]],
+) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    out, jpgs = large
+    whole = [list(b["__key__"]) for b in DataLoader(ShardDataset(str(out), **KW),
+                                                    batch_size=None, num_workers=2)]  # fmt: skip
+    first = StatefulDataLoader(ShardDataset(str(out), **KW), batch_size=None, num_workers=2)
+    it = iter(first)
+    head = [list(next(it)["__key__"]) for _ in range(5)]
+    state = first.state_dict()
+    del it, first
+    again = StatefulDataLoader(ShardDataset(str(out), **KW), batch_size=None, num_workers=2)
+    again.load_state_dict(state)
+    rest = []
+    for batch in again:
+        _check(batch, jpgs)
+        rest.append(list(batch["__key__"]))
+    assert head + rest == whole and len(rest) == len(whole) - 5
+
+
+CHILD_KILL = """
+import os, signal, sys, time
+import psutil
+from torch.utils.data import DataLoader
+from loader import ShardDataset
+ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+next(it)
+workers = psutil.Process().children()
+os.kill(workers[0].pid, signal.SIGKILL)
+try:
+    for _ in it:
+        pass
+    print("NO ERROR")
+except RuntimeError as err:
+    print("RAISED", err)
+del it
+deadline = time.monotonic() + 30
+while psutil.Process().children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("LEFT", len(psutil.Process().children()))
+"""
+
+
+def test_a_killed_worker_raises_and_leaves_nothing(large: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = large
+    done = run_bounded([sys.executable, "-c", CHILD_KILL, str(out)], timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "RAISED DataLoader worker (pid" in done.stdout, done.stdout + done.stderr
+    assert "LEFT 0" in done.stdout
+
+
+CHILD_MEMORY = """
+import gc, sys
+import psutil
+from loader import ShardDataset
+rss = []
+for epoch in range(8):
+    ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+    ds.set_epoch(epoch)
+    n = 0
+    for batch in ds:
+        n += len(batch["__key__"])
+        if "040" in list(batch["__key__"]):
+            assert len(batch["jpg"].tolist()[list(batch["__key__"]).index("040")]) == 20 << 20
+    assert n == 90
+    gc.collect()
+    rss.append(psutil.Process().memory_info().rss)
+print(" ".join(str(r >> 20) for r in rss))
+"""
+
+
+def test_memory_is_steady_over_epochs_with_a_20_mib_sample(tmp_path: Path) -> None:
+    """A 20 MiB sample among ~85 KiB ones (a window of its own), 8 epochs of ~30 windows: the
+    resident size after epoch 2 stays within 12 MiB of it (one leaked big window a epoch
+    would add 20 MiB each)."""
+    out, _ = _build(tmp_path, 90, big=40)
+    done = run_bounded([sys.executable, "-c", CHILD_MEMORY, str(out)], timeout=180, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rss = [int(x) for x in done.stdout.split()]
+    assert len(rss) == 8
+    assert max(rss[2:]) - rss[1] < 12, rss
