@@ -169,9 +169,10 @@ class LocalAhead:
             return
         self._closed = True
         self._stop.set()
+        self._jobs.put(None)
         thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(None)
+        # (not started: a Ctrl-C in ``start``; if it runs after all, it sees the stop and ends)
+        if thread is not None and thread.is_alive():
             thread.join(JOIN_TIMEOUT_S)
             if thread.is_alive():
                 log.warning("%s still reading %.0f s after close", thread.name, JOIN_TIMEOUT_S)
@@ -257,10 +258,21 @@ class LocalAhead:
                 try:
                     self._fill(part, files)
                 except Exception as err:  # raised by the read that asks for this part
-                    part.error = err
+                    part.error = self._named(err, part.read)
         finally:
             window.done.set()  # whatever happened, the reader waits no longer
         return True
+
+    def _named(self, err: Exception, read: Read) -> Exception:
+        """``err``, naming the shard if it is an ``OSError`` that does not (``os.preadv``'s
+        EIO names no file): the same type, so a missing shard is still told apart."""
+        if not isinstance(err, OSError) or err.filename is not None or err.errno is None:
+            return err
+        name = self._source.path(self._manifest.shards[read.shard].file)
+        named = type(err)(err.errno, f"{err.strerror} (reading {read.size} bytes at offset "
+                                     f"{read.offset})", name)  # fmt: skip
+        named.__cause__ = err
+        return named
 
     def _fill(self, part: _Part, files: dict[int, Any]) -> None:
         read = part.read

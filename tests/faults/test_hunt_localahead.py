@@ -13,7 +13,6 @@ import random
 import shutil
 import signal
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -136,7 +135,9 @@ def test_bytes_scribbled_while_the_thread_reads(
         stop = threading.Event()
         rng = random.Random(trial)
 
-        def scribble(rng: random.Random = rng, out: Path = out, stop: threading.Event = stop) -> None:
+        def scribble(
+            rng: random.Random = rng, out: Path = out, stop: threading.Event = stop
+        ) -> None:
             while not stop.is_set():
                 with open(out / f"shard-{rng.randrange(3):05d}.tar", "r+b") as f:
                     f.seek(rng.randrange(2_600_000))
@@ -207,19 +208,24 @@ def test_ctrl_c_as_the_thread_starts_or_stops(copy: Path, where: str) -> None:
     assert _until(lambda: not _threads())
 
 
+# (an interrupt between a file's ``open`` and its ``with`` leaves that file to the collector)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_ctrl_c_at_random_moments(copy: Path) -> None:
-    """SIGALRM-driven KeyboardInterrupts at random moments of many epochs' first windows:
-    always the KeyboardInterrupt, never another error, no thread left."""
+    """SIGALRM-driven KeyboardInterrupts at random moments of 100 epochs (about 1 in 50 landed
+    in the thread's start before the fix): always the KeyboardInterrupt, never another error,
+    no thread left."""
+
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     rng = random.Random(3)
     try:
-        for _ in range(60):
+        for _ in range(100):
+            ds = ShardDataset(str(copy), **KW)
             signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.02))
             try:
-                for _batch in ShardDataset(str(copy), **KW):
+                for _batch in ds:
                     pass
             except KeyboardInterrupt:
                 pass
@@ -256,7 +262,7 @@ def test_the_consumer_leaves_the_epoch(
         del gen
     else:
         with pytest.raises(ValueError, match="training step"):
-            for n, batch in enumerate(ShardDataset(str(copy), **KW)):
+            for n, _batch in enumerate(ShardDataset(str(copy), **KW)):
                 if n == 2:
                     raise ValueError("training step")
     gc.collect()
