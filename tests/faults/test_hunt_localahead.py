@@ -391,3 +391,39 @@ def test_memory_is_steady_over_epochs_with_a_20_mib_sample(tmp_path: Path) -> No
     rss = [int(x) for x in done.stdout.split()]
     assert len(rss) == 8
     assert max(rss[2:]) - rss[1] < 12, rss
+
+
+CHILD_FORK = """
+import os, sys
+from loader import ShardDataset
+ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+whole = [list(b["__key__"]) for b in ds]
+it = iter(ds)
+head = [list(next(it)["__key__"]) for _ in range(3)]  # the thread is reading ahead
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child goes on with the iterator it inherited
+    os.close(read)
+    rest = [list(b["__key__"]) for b in it]
+    os.write(write, repr(rest).encode())
+    os._exit(0)
+os.close(write)
+rest = [list(b["__key__"]) for b in it]
+got = b""
+while chunk := os.read(read, 1 << 16):
+    got += chunk
+_, status = os.waitpid(pid, 0)
+print("PARENT", head + rest == whole, "CHILD", eval(got) == rest, os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_goes_on_with_the_inherited_iterator(
+    large: tuple[Path, dict[str, bytes]],
+) -> None:
+    """User code forks while the thread reads ahead, and the child goes on with the iterator
+    it inherited (the thread is not in the child): both get the rest of the epoch, the child
+    without waiting for windows no thread will read (before: 300 s, then a TimeoutError)."""
+    out, _ = large
+    done = run_bounded([sys.executable, "-c", CHILD_FORK, str(out)], timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["PARENT", "True", "CHILD", "True", "0"], done.stdout
