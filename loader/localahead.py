@@ -20,6 +20,8 @@ Bounds and lifetimes:
 - The thread starts at the first read, inside the process that iterates (a DataLoader worker,
   never the process that forks it), and is stopped and joined by ``close()``, which the
   stream's ``finally`` calls when the iteration ends, is closed or abandoned, or raises.
+  A process forked from that one (user code) that goes on with the same iteration has no
+  thread: its reads are made directly (and checked by the reader).
 - A read's error (a missing shard) is raised by the call that asks for that read, as a direct
   read raises it; a short read comes back short (the reader names the first missing sample).
   Every wait is bounded (``WAIT_S``).
@@ -116,6 +118,7 @@ class LocalAhead:
         self._served: tuple[Read, npt.NDArray[np.bool_] | None] | None = None
         self._held: list[Read] | None = None  # a planned window not read ahead
         self.misses = 0  # reads that were not the next planned one (read directly)
+        self._pid: int | None = None  # the process the thread runs in
 
     # --- RangeIO --------------------------------------------------------------------
 
@@ -128,6 +131,9 @@ class LocalAhead:
         if self._closed:
             raise RuntimeError("local read-ahead is closed")
         want = Read(shard, offset, size)
+        if self._pid not in (None, os.getpid()):  # a fork: the thread is not in this process
+            self._served = None
+            return self._direct(want)
         window = self._current
         if window is None:
             window = self._current = self._take()
@@ -211,6 +217,7 @@ class LocalAhead:
         window = _Window([_Part(r, self._pool.take(r.size), self._spans(r)) for r in reads])
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
+            self._pid = os.getpid()
             self._thread.start()
         self._jobs.put(window)
         return window

@@ -396,19 +396,19 @@ def test_memory_is_steady_over_epochs_with_a_20_mib_sample(tmp_path: Path) -> No
 CHILD_FORK = """
 import os, sys
 from loader import ShardDataset
-ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
-whole = [list(b["__key__"]) for b in ds]
-it = iter(ds)
-head = [list(next(it)["__key__"]) for _ in range(3)]  # the thread is reading ahead
+kw = dict(batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+whole = [[str(k) for k in b["__key__"]] for b in ShardDataset(sys.argv[1], **kw)]
+it = iter(ShardDataset(sys.argv[1], **kw))
+head = [[str(k) for k in next(it)["__key__"]] for _ in range(3)]  # the thread is reading ahead
 read, write = os.pipe()
 pid = os.fork()
 if pid == 0:  # the child goes on with the iterator it inherited
     os.close(read)
-    rest = [list(b["__key__"]) for b in it]
+    rest = [[str(k) for k in b["__key__"]] for b in it]
     os.write(write, repr(rest).encode())
     os._exit(0)
 os.close(write)
-rest = [list(b["__key__"]) for b in it]
+rest = [[str(k) for k in b["__key__"]] for b in it]
 got = b""
 while chunk := os.read(read, 1 << 16):
     got += chunk
