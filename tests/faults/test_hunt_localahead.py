@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 import shardprep
 from loader import CorruptShardError, ShardDataset
 from loader.core import ShardStream
-from loader.localahead import THREAD_NAME
+from loader.localahead import JOIN_TIMEOUT_S, THREAD_NAME
 from tests.processes import run_bounded
 
 KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
@@ -427,3 +427,75 @@ def test_a_forked_child_goes_on_with_the_inherited_iterator(
     done = run_bounded([sys.executable, "-c", CHILD_FORK, str(out)], timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["PARENT", "True", "CHILD", "True", "0"], done.stdout
+
+
+def _in_open(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside ``Source.open`` (blocked opening a shard)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "open" and frame.f_code.co_filename.endswith("source.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_leaving_while_the_thread_hangs_in_open_is_bounded(
+    copy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung file system, for real: shard 1 is a FIFO that no one writes, so the thread's
+    ``open`` of it blocks. Leaving the epoch then returns after ``JOIN_TIMEOUT_S`` with a
+    warning (not never); the thread ends once the open returns."""
+    fifo = copy / "shard-00001.tar"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    it = ShardStream(str(copy), **KW, shuffle=False).iterate(0)
+    for _ in range(5):  # shard 0's batches, until the thread reads ahead into shard 1
+        next(it)
+        if _until(lambda: any(_in_open(t) for t in _threads()), timeout=2):
+            break
+    assert [_in_open(t) for t in _threads()] == [True]
+    started = time.monotonic()
+    it.close()  # type: ignore[attr-defined]
+    took = time.monotonic() - started
+    assert JOIN_TIMEOUT_S - 0.5 < took < JOIN_TIMEOUT_S + 20
+    assert f"{THREAD_NAME} still reading" in caplog.text
+    writer = os.open(
+        fifo, os.O_WRONLY | os.O_NONBLOCK
+    )  # the open returns: the thread sees the stop
+    try:
+        assert _until(lambda: not _threads())
+    finally:
+        os.close(writer)
+
+
+CHILD_CHMOD = """
+import os, sys, threading
+from loader import ShardDataset
+out, n = sys.argv[1], 0
+try:
+    for n, batch in enumerate(ShardDataset(out, batch_size=5, shuffle_buffer_bytes=1 << 20,
+                                           block_size=8, shuffle=False)):
+        if n == 2:
+            os.chmod(out, 0)
+    print("NO ERROR")
+except PermissionError as err:
+    print("RAISED", n, err)
+finally:
+    os.chmod(out, 0o755)
+print("THREADS", len(threading.enumerate()))
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_the_output_folder_made_unreadable_mid_epoch(copy: Path) -> None:
+    """``chmod 000`` of the output folder after batch 2, in a process without the capabilities
+    that let root ignore it: the read of the next shard fails naming that shard, no thread
+    is left."""
+    drop = "-dac_override,-dac_read_search"
+    command = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}"]
+    command += [sys.executable, "-c", CHILD_CHMOD, str(copy)]
+    done = run_bounded(command, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("RAISED 3 [Errno 13] Permission denied"), done.stdout
+    assert lines[0].endswith("shard-00001.tar'") and lines[1] == "THREADS 1", done.stdout
