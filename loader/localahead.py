@@ -33,6 +33,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +144,7 @@ class LocalAhead:
             self._served = None
             return self._direct(want)
         part = window.parts[window.next]
-        if not window.done.wait(WAIT_S):
+        if not self._wait(window):
             name = self._source.path(self._manifest.shards[shard].file)
             raise TimeoutError(
                 f"{name}: a read of {size} bytes at offset {offset} did not finish within "
@@ -158,8 +159,31 @@ class LocalAhead:
         del part
         if error is not None:
             raise error
-        assert data is not None
+        if data is None:  # a part after one that stopped the thread
+            raise RuntimeError(
+                f"the local read-ahead thread ({THREAD_NAME}) ended before it read shard "
+                f"{shard} ({size} bytes at offset {offset}); see the error logged before this one"
+            )
         return data
+
+    def _wait(self, window: _Window) -> bool:
+        """Wait for ``window``'s reads, at most ``WAIT_S``; a thread that ended without reading
+        it (stopped by something other than an ``Exception``) fails its reads at once."""
+        deadline = time.monotonic() + WAIT_S
+        while not window.done.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+            thread = self._thread
+            if thread is not None and not thread.is_alive() and not window.done.is_set():
+                for part in window.parts:
+                    if part.data is None and part.error is None:
+                        part.error = RuntimeError(
+                            f"the local read-ahead thread ({THREAD_NAME}) ended before it read "
+                            f"shard {part.read.shard} ({part.read.size} bytes at offset "
+                            f"{part.read.offset}); see the error logged before this one"
+                        )
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def damaged(self, shard: int, offset: int, size: int) -> npt.NDArray[np.bool_] | None:
         """For the read just served: whether each of its samples fails its version 3 checksum
@@ -266,6 +290,12 @@ class LocalAhead:
                     self._fill(part, files)
                 except Exception as err:  # raised by the read that asks for this part
                     part.error = self._named(err, part.read)
+                except BaseException as err:  # the thread ends: the reader is told, not stuck
+                    part.error = RuntimeError(
+                        f"the local read-ahead thread ({THREAD_NAME}) stopped with {err!r} "
+                        f"while reading shard {part.read.shard}"
+                    )
+                    raise
         finally:
             window.done.set()  # whatever happened, the reader waits no longer
         return True

@@ -504,3 +504,32 @@ def test_the_output_folder_made_unreadable_mid_epoch(copy: Path) -> None:
         f"RAISED ManifestError {copy}/shard-00002.idx: cannot read ([Errno 13] Permission "
         f"denied: '{copy}/shard-00002.idx')",
     ), done.stdout
+
+
+def test_a_thread_ended_by_a_base_exception_fails_the_reads_it_left(
+    large: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``BaseException`` that ends the read-ahead thread (none is raised there in practice; it
+    is injected here, the only way to make one) fails the read that asks for the window at once,
+    naming the thread and the shard, instead of an AssertionError or a 300 s wait."""
+    from loader import localahead
+
+    out, jpgs = large
+    real = localahead.LocalAhead._fill
+
+    def fill(self: Any, part: Any, files: dict[int, Any]) -> None:
+        if part.read.shard == 1:
+            raise SystemExit(3)
+        real(self, part, files)
+
+    monkeypatch.setattr(localahead.LocalAhead, "_fill", fill)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # its traceback, silenced
+    started = time.monotonic()
+    delivered = 0
+    with pytest.raises(RuntimeError, match=f"{THREAD_NAME}.*shard 1") as info:  # noqa: PT012
+        for batch in ShardDataset(str(out), **KW):
+            delivered += _check(batch, jpgs)
+    assert time.monotonic() - started < 60
+    assert delivered < len(jpgs)
+    assert "SystemExit" in str(info.value) or "ended before it read" in str(info.value)
+    assert _until(lambda: not _threads())
