@@ -1,13 +1,14 @@
-"""Local read-ahead: a local output's next window read, and its samples checked, on one thread.
+"""Local read-ahead: a local output's next window read on one thread.
 
 In process, a ``ShardStream`` reads a window, then gathers its batches, then reads the next:
 one core does everything. Here one background thread reads the next window's bytes
-(``os.preadv`` releases the GIL) and checks each of its samples against its version 3 checksum
-(one xxh3 over the sample's bytes, first header to last data; xxhash releases the GIL too)
-while this thread gathers the batches of the window before. The reads come to the
-``ShardReader`` through its ``io`` seam (``read.RangeIO``), in plan order, with each read's
-check results (``damaged``): chunks arrive checked whatever their samples' size, and the
-batch gather does no hashing (``loader.assemble``: a ``prechecked`` window).
+(``os.preadv``, which releases the GIL: the kernel's copy out of the page cache) while this
+thread gathers the batches of the window before, checksums included. The reads come to the
+``ShardReader`` through its ``io`` seam (``read.RangeIO``), in plan order; the reader checks
+them as it checks any read. (Checking the samples on the thread too was tried and measured
+slower: an xxh3 call per ~66 KiB sample hands the GIL back and forth with the gather, and an
+in-process ``images`` epoch ran at 3.5 GB/s against 4.3 without read-ahead and 5.7-6.3 with
+this read-only thread; docs/benchmarks-feeding.md.)
 
 Bounds and lifetimes:
 
@@ -15,13 +16,13 @@ Bounds and lifetimes:
   one is served, so memory is two windows (``BufferPool``: reused, never one that a view still
   refers to, so the thread never writes into bytes a chunk or a batch still reads). Windows
   whose samples average under ``AHEAD_SAMPLE_BYTES`` are not read ahead (they are read when
-  asked, on the thread): their checks are cheap at read already, and the second window would
-  push the memory of a small-sample epoch past its budget.
+  asked, on the iterating thread): their per-sample work dominates, not the read, and the
+  second window would push the memory of a small-sample epoch past its budget.
 - The thread starts at the first read, inside the process that iterates (a DataLoader worker,
   never the process that forks it), and is stopped and joined by ``close()``, which the
   stream's ``finally`` calls when the iteration ends, is closed or abandoned, or raises.
   A process forked from that one (user code) that goes on with the same iteration has no
-  thread: its reads are made directly (and checked by the reader).
+  thread: its reads are made directly.
 - A read's error (a missing shard) is raised by the call that asks for that read, as a direct
   read raises it; a short read comes back short (the reader names the first missing sample).
   Every wait is bounded (``WAIT_S``).
@@ -39,14 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from loader.order import SampleRange
 from loader.prefetch import Read, planned_windows
 from loader.read import PRECHECK_BYTES, BufferPool, RangeIO, ShardReader
 from loader.source import Source
 from shardprep.format.manifest import Manifest
-from shardprep.format.shardformat import mismatched, sample_checksums, sample_ends
 
 __all__ = ["LocalAhead", "WindowPlan", "local_ahead", "window_reads"]
 
@@ -57,7 +56,6 @@ WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead o
 JOIN_TIMEOUT_S = 5.0
 AHEAD_SAMPLE_BYTES = PRECHECK_BYTES  # windows of smaller samples on average are not read ahead
 
-IntArray = npt.NDArray[np.int64]
 WindowPlan = Callable[[ShardReader], Iterator[list[Read]]]
 
 
@@ -84,9 +82,7 @@ class _Part:
 
     read: Read
     into: memoryview  # a slice of the window's buffer
-    spans: tuple[IntArray, IntArray, npt.NDArray[np.uint64]] | None  # samples to check
     data: memoryview | None = None
-    damaged: npt.NDArray[np.bool_] | None = None
     error: BaseException | None = None
 
 
@@ -109,16 +105,15 @@ class LocalAhead:
         self._plan = plan
         self._windows: Iterator[list[Read]] | None = None  # drawn at the first read
         self._pool = BufferPool()  # used by the iterating thread; the other fills views of it
-        self._checks = reader.checks
         self._current: _Window | None = None
         self._ahead: _Window | None = None
         self._jobs: queue.SimpleQueue[_Window | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
-        self._served: tuple[Read, npt.NDArray[np.bool_] | None] | None = None
         self._held: list[Read] | None = None  # a planned window not read ahead
         self.misses = 0  # reads that were not the next planned one (read directly)
+        self._files: dict[int, Any] = {}  # the iterating thread's open shard (windows asked for)
         self._pid: int | None = None  # the process the thread runs in
 
     # --- RangeIO --------------------------------------------------------------------
@@ -133,7 +128,6 @@ class LocalAhead:
             raise RuntimeError("local read-ahead is closed")
         want = Read(shard, offset, size)
         if self._pid not in (None, os.getpid()):  # a fork: the thread is not in this process
-            self._served = None
             return self._direct(want)
         window = self._current
         if window is None:
@@ -141,7 +135,6 @@ class LocalAhead:
         if window is None or window.parts[window.next].read != want:
             self.misses += 1  # a plan that diverged from the reader: correct, but not ahead
             log.warning("local read-ahead: %s was not the planned next read; reading it", want)
-            self._served = None
             return self._direct(want)
         part = window.parts[window.next]
         if not self._wait(window):
@@ -155,7 +148,6 @@ class LocalAhead:
             self._current = None  # its views go with the chunks that hold them
             self._read_ahead()  # the next window, while this one is gathered
         data, error = part.data, part.error
-        self._served = (want, part.damaged)
         del part
         if error is not None:
             raise error
@@ -185,14 +177,6 @@ class LocalAhead:
                 return False
         return True
 
-    def damaged(self, shard: int, offset: int, size: int) -> npt.NDArray[np.bool_] | None:
-        """For the read just served: whether each of its samples fails its version 3 checksum
-        (checked on the thread); None if they were not checked."""
-        served, self._served = self._served, None
-        if served is None or served[0] != Read(shard, offset, size):
-            return None
-        return served[1]
-
     def close(self) -> None:
         """Stop and join the thread; idempotent."""
         if self._closed:
@@ -207,6 +191,9 @@ class LocalAhead:
             if thread.is_alive():
                 log.warning("%s still reading %.0f s after close", thread.name, JOIN_TIMEOUT_S)
         self._current = self._ahead = None
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     # --- planning (this thread) -------------------------------------------------------
 
@@ -226,8 +213,9 @@ class LocalAhead:
         return ahead if ahead is not None else self._submit(now=True)
 
     def _submit(self, now: bool = False) -> _Window | None:
-        """Plan the next window's reads into a free buffer and queue them for the thread;
-        None at the end of the plan, or (unless ``now``) if it is not worth reading ahead."""
+        """Plan the next window's reads into a free buffer and queue them for the thread, or
+        (``now``: the window is asked for) read them here; None at the end of the plan, or
+        (unless ``now``) if it is not worth reading ahead."""
         if self._windows is None:
             self._windows = self._plan(self._reader)
         reads, self._held = self._held or next(self._windows, None), None
@@ -238,7 +226,10 @@ class LocalAhead:
             self._held = reads  # read when asked: one window in memory
             return None
         self._pool.start(total)
-        window = _Window([_Part(r, self._pool.take(r.size), self._spans(r)) for r in reads])
+        window = _Window([_Part(r, self._pool.take(r.size)) for r in reads])
+        if now:  # nothing to overlap with: no hand-off to the thread
+            self._run(window, self._files)
+            return window
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
             self._pid = os.getpid()
@@ -250,15 +241,6 @@ class LocalAhead:
         offsets = self._reader.index(read.shard).sample_offset
         a, b = np.searchsorted(offsets, [read.offset, read.stop])
         return int(b - a)
-
-    def _spans(self, read: Read) -> tuple[IntArray, IntArray, npt.NDArray[np.uint64]] | None:
-        """The version 3 sample spans of ``read`` (relative to it) and their checksums."""
-        index = self._reader.index(read.shard)
-        if not self._checks or index.version == 2:
-            return None
-        a, b = (int(i) for i in np.searchsorted(index.sample_offset, [read.offset, read.stop]))
-        starts = index.sample_offset[a:b].astype(np.int64) - read.offset
-        return starts, sample_ends(index, a, b) - read.offset, sample_checksums(index, a, b)
 
     def _direct(self, read: Read) -> bytes:
         name = self._manifest.shards[read.shard].file
@@ -279,7 +261,8 @@ class LocalAhead:
                 f.close()
 
     def _run(self, window: _Window | None, files: dict[int, Any]) -> bool:
-        """Read (and check) ``window``'s parts; False for the stop sentinel."""
+        """Read ``window``'s parts (on the thread, or here when asked for); False for the stop
+        sentinel."""
         if window is None:
             return False
         try:
@@ -326,6 +309,3 @@ class LocalAhead:
                 break  # the file ends here: the reader names the first missing sample
             got += n
         part.data = into[:got]
-        if part.spans is not None:
-            starts, ends, sums = part.spans
-            part.damaged = mismatched(part.data, starts, ends, sums)

@@ -46,7 +46,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -77,7 +77,6 @@ from shardprep.format.shardformat import (
 
 __all__ = [
     "BufferPool",
-    "CheckingIO",
     "Chunk",
     "ChunkTable",
     "RangeIO",
@@ -144,7 +143,6 @@ class Chunk:
         "_base",
         "_data",
         "_exts",
-        "_failing",
         "_first",
         "_index",
         "_keys",
@@ -165,12 +163,8 @@ class Chunk:
         shard: str,
         selection: list[int] | None = None,
         extra: dict[str, list[Any]] | None = None,
-        failing: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         self._data = data
-        # version 3: whether each sample of the read fails its checksum, if already checked
-        # (``CheckingIO``: on the read-ahead thread); None: checked here
-        self._failing = failing
         self._base = base
         self._index, self._first, self._stop = index, piece.start, piece.stop
         self._shard = shard
@@ -199,9 +193,7 @@ class Chunk:
     def _per_sample(self) -> _SampleLists:
         if self._lists is None:
             data = self._data if self.checks else None  # None: no sample checksums needed
-            self._lists = _SampleLists(
-                self._index, self._first, self._stop, self._base, data, self._failing
-            )
+            self._lists = _SampleLists(self._index, self._first, self._stop, self._base, data)
         return self._lists
 
     def _header_damage(self) -> dict[int, int]:
@@ -301,15 +293,12 @@ class Chunk:
                 sample_checksum = sample_checksum[chosen]
         # small samples are all checked now, in one pass (their batches then check nothing);
         # large ones as their batch copies them (``loader.assemble``), so each byte is read once
-        failing = self._failing if by_sample and self.checks else None
-        prechecked = failing is not None or (
+        prechecked = (
             by_sample
             and self.checks
             and int(span_end.sum() - span_start.sum()) < PRECHECK_BYTES * max(len(span_end), 1)
         )
-        if failing is not None:
-            damaged |= failing if self._selection is None else failing[chosen]
-        elif prechecked:
+        if prechecked:
             damaged |= mismatched(self._data, span_start, span_end, sample_checksum)
         return ChunkTable(
             data=self._data,
@@ -413,7 +402,6 @@ class _SampleLists:
         b: int,
         base: int,
         data: bytes | memoryview | None,
-        failing: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         first, last = int(index.member_start[a]), int(index.member_start[b])
         # version 3: bad[j], sample j's bytes fail its checksum (small samples: all checked at
@@ -421,9 +409,7 @@ class _SampleLists:
         # cache), sample j's checksum spans[3][j] covers spans[0][spans[1][j]:spans[2][j]]
         self.bad: list[bool] | None = None
         self.spans: tuple[memoryview, list[int], list[int], list[int]] | None = None
-        if index.version != 2 and data is not None and failing is not None:
-            self.bad = failing.tolist()  # checked already (``Chunk``)
-        elif index.version != 2 and data is not None:
+        if index.version != 2 and data is not None:
             starts = index.sample_offset[a:b].astype(np.int64) - base
             ends, sums = sample_ends(index, a, b) - base, sample_checksums(index, a, b)
             if int(ends.sum() - starts.sum()) < PRECHECK_BYTES * max(b - a, 1):
@@ -623,7 +609,6 @@ class ShardReader:
         self._mapped = mapped
         self._pool = pool if not source.remote else None
         self._chunk = Chunk if checksums else UncheckedChunk
-        self.checks = checksums  # whether chunks check their samples (an io may check them)
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
@@ -775,11 +760,7 @@ class ShardReader:
                 raise self._corrupt(
                     piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
                 )
-            failing = None
-            if isinstance(self.io, CheckingIO):  # its samples checked where they were read
-                failing = self.io.damaged(piece.shard, begin, end - begin)
-            chunk = self._chunk(data, begin, index, piece, shard, selection, extra, failing)
-            return _headers_checked(chunk)
+            return _headers_checked(self._chunk(data, begin, index, piece, shard, selection, extra))
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0, f1 = _frames_of(index, piece)
         base = int(offsets[int(frames[f0])])
@@ -948,15 +929,6 @@ class RangeIO(Protocol):
 
     def close(self) -> None:
         """Stop every thread and release every file; idempotent."""
-
-
-@runtime_checkable
-class CheckingIO(RangeIO, Protocol):
-    """A ``RangeIO`` that also checks the samples it reads (``loader.localahead``)."""
-
-    def damaged(self, shard: int, offset: int, size: int) -> npt.NDArray[np.bool_] | None:
-        """For the read just made: whether each of its samples (the index's samples from
-        ``offset``) fails its version 3 checksum; None if they were not checked."""
 
 
 def _identity(status: os.stat_result) -> tuple[int, int, int, int]:

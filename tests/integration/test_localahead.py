@@ -231,9 +231,11 @@ def test_workers_read_ahead_in_their_own_process(large: tuple[Path, dict[str, by
     assert sorted(seen) == sorted(jpgs.items())
 
 
-def test_the_reader_starts_its_thread_at_its_first_read(
+def test_the_reader_starts_its_thread_when_it_reads_ahead(
     large: tuple[Path, dict[str, bytes]],
 ) -> None:
+    """No thread until the first window is read (it is read on the iterating thread: nothing
+    to overlap it with); the next window then goes to the thread."""
     out, _ = large
     stream = ShardStream(str(out), **KW)
     pieces = stream.order(0)
@@ -242,10 +244,13 @@ def test_the_reader_starts_its_thread_at_its_first_read(
     try:
         assert isinstance(reader.io, LocalAhead)
         assert not _threads()  # made, nothing read: a DataLoader may still fork
-        first = next(plan_windows(pieces, reader.sample_sizes, 8192, 1 << 20))[0]
+        window = next(plan_windows(pieces, reader.sample_sizes, 8192, 1 << 20))
         assert not _threads()
-        chunk = reader.read(first)
-        assert len(_threads()) == 1 and len(chunk) == len(first)
+        chunks = [reader.read(piece) for piece in window[:-1]]
+        assert not _threads()  # the first window: read here
+        chunks.append(reader.read(window[-1]))
+        assert len(_threads()) == 1  # its last read served: the next window goes ahead
+        assert [len(c) for c in chunks] == [len(p) for p in window]
     finally:
         reader.close()
     assert not _threads()
