@@ -407,7 +407,13 @@ def main() -> int:
     )
     p.add_argument("--load-rounds", type=int, default=3)
     p.add_argument("--skip-builds", action="store_true", help="reuse WORK/built")
+    p.add_argument("--first-build-round", type=int, default=0)
     p.add_argument("--first-load-round", type=int, default=0)
+    p.add_argument(
+        "--skip-10x-loads",
+        default="",
+        help="comma-separated loader names run at 1x only in these rounds (slow 10x epochs)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--report", action="store_true")
     a = p.parse_args()
@@ -426,7 +432,7 @@ def main() -> int:
     d = Driver(work, roots, a.timeout)
     if not a.skip_builds:
         rounds_1x = a.build_rounds if a.build_rounds_1x is None else a.build_rounds_1x
-        for rnd in range(max(a.build_rounds, rounds_1x)):
+        for rnd in range(a.first_build_round, max(a.build_rounds, rounds_1x)):
             for b in rotate(BUILDS, rnd):
                 for f in factors_for(rnd, ("1x", "10x")):
                     if f == "10x" and rnd >= a.build_rounds:
@@ -437,6 +443,8 @@ def main() -> int:
     for rnd in range(a.first_load_round, a.load_rounds):
         for lv in rotate(LOADS, rnd * 2):
             for f in factors_for(rnd, ("1x", "10x")):
+                if f == "10x" and lv.name in a.skip_10x_loads.split(","):
+                    continue
                 d.load(rnd, f, lv)
     print(report(d.results))
     return 0
