@@ -164,7 +164,9 @@ def main() -> None:
         parser.error("--sp and --ld are required")
     env = dict(os.environ)
     systems: list[tuple[str, str, list[str], dict[str, str]]] = []
-    me = [sys.executable, "-m", "bench.images_ab", "--child"]
+    # run by path, not ``-m``: ``-m`` puts the working directory (this checkout) first on
+    # ``sys.path``, ahead of PYTHONPATH, so ``--base`` would silently import this loader
+    me = [sys.executable, os.path.join(HERE, "bench", "images_ab.py"), "--child"]
     path = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
     tree = os.pathsep.join([args.tree, HERE]) if args.tree else path
     systems.append(("shardprep", args.sp, me, {**env, "PYTHONPATH": tree}))
