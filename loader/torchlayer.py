@@ -23,6 +23,7 @@ from loader.batch import POSITION
 from loader.elastic import Pass
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
+from loader.forkheap import freeze_inherited
 from loader.guards import check_not_rebatched, check_not_resplit
 from loader.lifeline import watch_trainer
 from loader.state import Position, ResumeState, next_position, parse_history, rank_state
@@ -145,6 +146,7 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         info = worker_info()  # None in the main process (num_workers=0)
         if info is not None:
             watch_trainer()  # this worker exits when its training process dies (loader.lifeline)
+            freeze_inherited()  # a full collection here must not copy the parent's heap
         worker, num_workers = info or (0, 1)
         rank, world_size = self._world()
         counter = None if info is None else worker
