@@ -178,22 +178,25 @@ class LocalAhead:
         return True
 
     def close(self) -> None:
-        """Stop and join the thread; idempotent."""
+        """Stop and join the thread, close this thread's files; idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._jobs.put(None)
-        thread, self._thread = self._thread, None
-        # (not started: a Ctrl-C in ``start``; if it runs after all, it sees the stop and ends)
-        if thread is not None and thread.is_alive():
-            thread.join(JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                log.warning("%s still reading %.0f s after close", thread.name, JOIN_TIMEOUT_S)
-        self._current = self._ahead = None
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        try:
+            self._stop.set()
+            self._jobs.put(None)
+            thread, self._thread = self._thread, None
+            # (not started: a Ctrl-C in ``start``; if it runs after all, it sees the stop and
+            # ends)
+            if thread is not None and thread.is_alive():
+                thread.join(JOIN_TIMEOUT_S)
+                if thread.is_alive():
+                    log.warning("%s still reading %.0f s after close", thread.name, JOIN_TIMEOUT_S)
+        finally:  # (a Ctrl-C in the join still closes the files read on this thread)
+            self._current = self._ahead = None
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
 
     # --- planning (this thread) -------------------------------------------------------
 
