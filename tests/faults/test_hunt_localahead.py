@@ -26,6 +26,7 @@ import shardprep
 from loader import CorruptShardError, ShardDataset
 from loader.core import ShardStream
 from loader.localahead import JOIN_TIMEOUT_S, THREAD_NAME
+from tests.integration.test_localahead import _threads, _until
 from tests.processes import run_bounded
 
 KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
@@ -59,19 +60,6 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, byt
 def copy(large: tuple[Path, dict[str, bytes]], tmp_path: Path) -> Path:
     shutil.copytree(large[0], tmp_path / "out")
     return tmp_path / "out"
-
-
-def _threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
-
-def _until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _check(batch: dict[str, Any], jpgs: dict[str, bytes]) -> int:
