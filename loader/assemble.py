@@ -39,6 +39,7 @@ from torch.utils.data._utils.collate import default_collate
 from loader.arena import Arena
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples, cross
 from loader.read import Chunk
+from loader.scatter import gather_fields, unread_of
 from shardprep.format.shardformat import payload_checksum
 
 __all__ = ["Carried", "Recycler", "Window", "assemble_batches"]
@@ -89,7 +90,9 @@ class Window:
         # every sample checked already (its result in ``damaged``): batches check nothing
         self.prechecked = self.by_sample and all(t.prechecked for t in tables)
         self.chunk = np.repeat(np.arange(len(tables)), [len(t.size) for t in tables])
-        self.buffers = [memoryview(t.data) for t in tables]
+        # left unread (large samples, ``loader.shardfiles``): each batch reads its own samples
+        self.unread = unread_of([t.data for t in tables])
+        self.buffers = [] if self.unread is not None else [memoryview(c.loaded()) for c in chunks]
         ids: dict[str, int] = {}
         fields = []
         for t in tables:
@@ -97,6 +100,17 @@ class Window:
             fields.append(local[t.ext] if len(t.ext) else t.ext)
         self.field = np.concatenate(fields)
         self.names = list(ids)
+
+    def load(self) -> None:
+        """Read the bytes of a window left unread, for a batch made from them.
+
+        Raises:
+            CorruptShardError: a shard is shorter than its index says (naming the first
+                sample it lacks).
+        """
+        if self.unread is not None:
+            self.buffers = [memoryview(c.loaded()) for c in self.chunks]
+            self.unread = None
 
     def members(self, numbers: IntArray) -> list[memoryview]:
         """The bytes of the given members, as views into the chunks' buffers (no copy).
@@ -205,6 +219,7 @@ class Carried(Window):
         views: list[memoryview],
     ) -> None:
         self.chunks = []
+        self.unread = None
         self.keys = window.keys[positions]
         self.padded = window.padded[positions]
         picked = positions.tolist()
@@ -640,6 +655,16 @@ def _assemble(
             values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
         columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
+        if all(w.unread is not None for w, _ in segments):  # each sample read into the batch
+            packs = gather_fields(
+                segments, [m for _, m in columns if m is not None], arena, recycler
+            )
+            if packs is not None:
+                batch.update(zip(names, packs, strict=True))
+                batch[POSITION] = position
+                return batch
+        for w, _ in segments:
+            w.load()  # a sample cut short or failing its checksum: made from the whole windows
         large = (arena is not None or recycler is not None) and _any_large(columns)
         streams = _streams(columns, segments, large)
         tickets = []
@@ -662,6 +687,8 @@ def _assemble(
                     arena.withdraw(ticket)
     # irregular fields, or a damaged member or header: the per-sample path, which names the
     # damaged sample
+    for w, _ in segments:
+        w.load()
     return collate_samples(_samples(segments), position)
 
 
@@ -707,7 +734,9 @@ def assemble_batches(
         # not this window, so that one window is in memory while the next is read. (The
         # per-sample path makes the same batch: tests/integration/test_assemble.py.)
         pending = [
-            (w.carry(p), np.arange(len(p), dtype=np.int64)) if w is window else (w, p)
+            (w.carry(p), np.arange(len(p), dtype=np.int64))
+            if w is window and w.unread is None  # (an unread window holds no bytes)
+            else (w, p)
             for w, p in pending
         ]
         del window, chunks

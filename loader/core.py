@@ -47,6 +47,7 @@ from loader.partition import (
 from loader.prefetch import ReadPlan, read_ahead, window_plan
 from loader.read import BufferPool, ShardReader
 from loader.reweight import Reweighting
+from loader.shardfiles import leaves_unread
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
 from loader.state import STATE_VERSION
@@ -231,7 +232,7 @@ class ShardStream:
         plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
         # (a local output's next window is read and checked ahead on one thread instead)
         ahead = window_reads(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
-        reader = self.reader(epoch, BufferPool(), plan, ahead)
+        reader = self.reader(epoch, BufferPool(), plan, ahead, unread=gather)
         try:
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
@@ -331,16 +332,20 @@ class ShardStream:
         pool: BufferPool | None = None,
         plan: ReadPlan | None = None,
         windows: WindowPlan | None = None,
+        unread: bool = False,
     ) -> ShardReader:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
         With a ``plan`` of what it will read, a remote output's reads are fetched ahead (and
         through the cache) in that order (``loader.prefetch.read_ahead``); with ``windows``,
         the same plan window by window, a local output's next window is read and checked
-        ahead on one thread (``loader.localahead``).
+        ahead on one thread (``loader.localahead``). ``unread``: batches read their own large
+        samples from a local output (``loader.scatter``) instead.
         """
         io = None if plan is None else read_ahead(self.source, self.manifest, plan)
-        if io is None and windows is not None:
+        read = self.read
+        unread = unread and leaves_unread(self.source, self.manifest, read.checksums, read.mapped)
+        if io is None and windows is not None and not unread:
             io = local_ahead(self.source, self.manifest, self.read.mapped, windows)
         return ShardReader(
             self.source,
@@ -351,6 +356,7 @@ class ShardStream:
             pool,
             io,
             self.read.mapped,
+            unread,
         )
 
     def _expander(

@@ -53,6 +53,7 @@ import numpy.typing as npt
 
 from loader.errors import CorruptShardError, UnreachableError
 from loader.order import SampleRange
+from loader.shardfiles import ShardFiles, Unread, leaves_unread
 from loader.source import Source
 from shardprep.format.errors import ChecksumMismatchError, ManifestError
 from shardprep.format.integrity import (
@@ -105,7 +106,7 @@ class ChunkTable:
     sample must not be handed out.
     """
 
-    data: bytes | memoryview
+    data: bytes | memoryview | Unread
     exts: tuple[str, ...]
     keys: npt.NDArray[np.str_]
     begin: IntArray
@@ -156,7 +157,7 @@ class Chunk:
 
     def __init__(
         self,
-        data: bytes | memoryview,
+        data: bytes | memoryview | Unread,
         base: int,
         index: ShardIndex,
         piece: SampleRange,
@@ -190,9 +191,15 @@ class Chunk:
             self._keys = key_array(self._index, self._first, self._stop)
         return self._keys
 
+    def loaded(self) -> bytes | memoryview:
+        """The chunk's bytes, read now if the chunk was left unread (``loader.shardfiles``)."""
+        if type(self._data) is Unread:
+            self._data = self._data.load()
+        return self._data  # type: ignore[return-value]
+
     def _per_sample(self) -> _SampleLists:
         if self._lists is None:
-            data = self._data if self.checks else None  # None: no sample checksums needed
+            data = self.loaded() if self.checks else None  # None: no sample checksums needed
             self._lists = _SampleLists(self._index, self._first, self._stop, self._base, data)
         return self._lists
 
@@ -204,7 +211,7 @@ class Chunk:
             bad: dict[int, int] = {}
             if self.checks and self._index.version == 2:
                 index, first = self._index, self._first
-                members = damaged_headers(index, self._data, self._base, first, self._stop)
+                members = damaged_headers(index, self.loaded(), self._base, first, self._stop)
                 owners = np.searchsorted(index.member_start, members, side="right") - 1 - first
                 for j, m in zip(owners.tolist(), members.tolist(), strict=True):
                     bad.setdefault(j, m)
@@ -230,7 +237,7 @@ class Chunk:
         if extra:
             out.update(extra)
         data, exts, offset, size, ext = (
-            self._data,
+            self.loaded(),
             self._exts,
             lists.offset,
             lists.size,
@@ -296,10 +303,11 @@ class Chunk:
         prechecked = (
             by_sample
             and self.checks
+            and type(self._data) is not Unread  # checked as each batch reads it
             and int(span_end.sum() - span_start.sum()) < PRECHECK_BYTES * max(len(span_end), 1)
         )
         if prechecked:
-            damaged |= mismatched(self._data, span_start, span_end, sample_checksum)
+            damaged |= mismatched(self.loaded(), span_start, span_end, sample_checksum)
         return ChunkTable(
             data=self._data,
             exts=self._exts,
@@ -339,7 +347,7 @@ class Chunk:
         (``integrity.damage_of``, with the members' data checksums)."""
         lists, index, base = self._per_sample(), self._index, self._base
         sample = self._first + j
-        what, member = damage_of(index, self._data, base, sample)
+        what, member = damage_of(index, self.loaded(), base, sample)
         if what == "header":
             return self._damaged_header(j, member)
         key, offset = lists.keys[j], int(index.sample_offset[sample])
@@ -355,10 +363,10 @@ class Chunk:
             )
         if what == "data":
             m = member - int(index.member_start[self._first])
-            payload = memoryview(self._data)[lists.offset[m] : lists.offset[m] + lists.size[m]]
+            payload = memoryview(self.loaded())[lists.offset[m] : lists.offset[m] + lists.size[m]]
             return self._damaged(j, m, payload)
         end = int(sample_ends(index, sample, sample + 1)[0])
-        got = payload_checksum(memoryview(self._data)[offset - base : end - base])
+        got = payload_checksum(memoryview(self.loaded())[offset - base : end - base])
         expected = int(sample_checksums(index, sample, sample + 1)[0])
         return CorruptShardError.at(
             self._shard,
@@ -597,6 +605,7 @@ class ShardReader:
         pool: BufferPool | None = None,
         io: Callable[[ShardReader], RangeIO] | None = None,
         mapped: bool = False,
+        unread: bool = False,
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
         (everything else is still checked); for the rare job where that cost matters.
@@ -604,7 +613,9 @@ class ShardReader:
         shards, see the module docstring), else of the pool's reused buffers.
         ``io``: makes, from this reader, where its shard and index bytes come from instead of
         reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
-        it gets the reader because a read plan needs the reader's indexes."""
+        it gets the reader because a read plan needs the reader's indexes.
+        ``unread``: a local uncompressed output's chunks of large samples are left unread,
+        for batches that read their own samples (``loader.shardfiles``, ``loader.scatter``)."""
         self._source = source
         self._mapped = mapped
         self._pool = pool if not source.remote else None
@@ -630,6 +641,12 @@ class ShardReader:
             self._zstd = zstandard.ZstdDecompressor()
         # where shard and index bytes come from when not read here: read-ahead or a local cache
         self.io: RangeIO | None = None if io is None else io(self)
+        self._files = (
+            ShardFiles(source, manifest)
+            if unread and self.io is None and leaves_unread(source, manifest, checksums, mapped)
+            else None
+        )
+        self._unread_window = False  # the window being read is left unread
 
     def index(self, shard: int) -> ShardIndex:
         """The sidecar index of ``shard``, checked before it is used.
@@ -685,9 +702,12 @@ class ShardReader:
         return self._expanded[shard]
 
     def start_window(self, pieces: list[SampleRange]) -> None:
-        """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them."""
+        """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them;
+        a window of large samples may be left unread instead (``unread``)."""
         if self._pool is not None and not self._maps() and self.io is None:
-            self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
+            self._unread_window = self._files is not None
+            if not self._unread_window:
+                self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
 
     def _maps(self) -> bool:
         """Whether this reader maps its shards (local, uncompressed, chunks may hold views)."""
@@ -754,12 +774,12 @@ class ShardReader:
         offsets = index.sample_offset
         if self._zstd is None:
             begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
-            data = self._pread_into(piece, begin, end - begin, self._pool)
-            if len(data) < end - begin:
-                first = int(np.searchsorted(offsets, begin + len(data), side="right")) - 1
-                raise self._corrupt(
-                    piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
-                )
+            if self._unread_window and index.version != 2:
+                unread = self._unread(piece, begin, end - begin)
+                if unread is not None:
+                    return self._chunk(unread, begin, index, piece, shard, selection, extra)
+            pool = None if self._unread_window else self._pool
+            data = self._read_whole(piece, begin, end - begin, pool)
             return _headers_checked(self._chunk(data, begin, index, piece, shard, selection, extra))
         frames, frame_offset = index.frame_sample, index.frame_offset
         f0, f1 = _frames_of(index, piece)
@@ -777,6 +797,37 @@ class ShardReader:
                 parts.append(self._salvage(piece, index, f, compressed[a:b], span, err))
         chunk = self._chunk(b"".join(parts), base, index, piece, shard, selection, extra)
         return _headers_checked(chunk)
+
+    def _read_whole(
+        self, piece: SampleRange, begin: int, size: int, pool: BufferPool | None
+    ) -> bytes | memoryview:
+        """The ``size`` bytes of ``piece`` from file offset ``begin``.
+
+        Raises:
+            CorruptShardError: the shard is missing or ends before them (naming the first
+                sample it lacks).
+        """
+        data = self._pread_into(piece, begin, size, pool)
+        if len(data) < size:
+            offsets = self.index(piece.shard).sample_offset
+            first = int(np.searchsorted(offsets, begin + len(data), side="right")) - 1
+            raise self._corrupt(
+                piece, first, f"the shard is truncated: it ends at byte {begin + len(data)}"
+            )
+        return data
+
+    def _unread(self, piece: SampleRange, begin: int, size: int) -> Unread | None:
+        """``piece``'s bytes left in its open shard; None where the shard's size is not the
+        manifest's (read whole then, which names what is missing)."""
+        assert self._files is not None
+        try:
+            file = self._files.get(piece.shard)
+        except FileNotFoundError as err:
+            raise self._corrupt(piece, piece.start, "shard file is missing") from err
+        if file is None:
+            return None
+        load = lambda: self._read_whole(piece, begin, size, None)  # noqa: E731
+        return Unread(self._files, file, begin, size, load)
 
     def _salvage(
         self,
@@ -903,8 +954,10 @@ class ShardReader:
         self._verified.add(shard)
 
     def close(self) -> None:
-        """Close the open shard file and the read-ahead (its threads), if any."""
+        """Close the open shard files and the read-ahead (its threads), if any."""
         self._close_file()
+        if self._files is not None:
+            self._files.close()
         if self.io is not None:
             self.io.close()
 

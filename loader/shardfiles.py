@@ -1,0 +1,229 @@
+"""Shard files: a local output's shards held open for positioned reads, and chunks left unread.
+
+The batch path reads a window of large samples (``UNREAD_SAMPLE_BYTES`` or more on average)
+without reading it: the reader hands out a ``Chunk`` whose bytes are an ``Unread`` (where they
+lie: an open shard file, an offset, a size), and each batch then reads its samples straight
+from the file into its own buffers (``loader.scatter``), one ``os.preadv`` per sample. Every
+byte is copied once, by the kernel, from the page cache into the batch; nothing holds a
+window's bytes.
+
+Where a batch cannot be made that way (a sample failing its checksum or cut short, irregular
+fields, the per-sample path), the chunk's bytes are read whole on demand (``Unread.load``,
+the reader's own read, which names the first sample a truncated shard lacks), and everything
+goes on as for a chunk that was read.
+
+An open shard is a ``ShardFile``: the file object (so it is closed, not leaked, when the last
+chunk holding it goes) and its descriptor. ``ShardFiles`` keeps the last few shards open;
+``close()`` (the reader's) closes every one it opened, and a chunk that outlives it reads
+nothing (``fd`` becomes -1: a closed descriptor's number is never reused for a read).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import BinaryIO
+
+from loader.source import Source
+from shardprep.format.manifest import Manifest
+
+__all__ = [
+    "UNREAD_SAMPLE_BYTES",
+    "ShardFile",
+    "ShardFiles",
+    "SplitReads",
+    "Unread",
+    "leaves_unread",
+    "positioned_read",
+]
+
+UNREAD_SAMPLE_BYTES = 64 << 10  # outputs whose samples average this much are left unread
+OPEN_FILES = 8  # shards kept open per reader (chunks still holding one keep it open)
+THREAD_NAME = "shardprep-split-read"
+WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead of waiting forever
+JOIN_TIMEOUT_S = 5.0
+SPLIT_MIN = 8  # batches of fewer samples are read on the calling thread alone
+
+
+def leaves_unread(source: Source, manifest: Manifest, checksums: bool, mapped: bool) -> bool:
+    """Whether a batch reader of this output leaves its windows unread: a local, uncompressed
+    output whose samples average ``UNREAD_SAMPLE_BYTES`` or more (decided for the whole output,
+    so every window and epoch reads the same way), read with checksums and without ``mmap``."""
+    if source.remote or manifest.compression == "zstd" or not checksums or mapped:
+        return False
+    return sum(s.num_bytes for s in manifest.shards) >= UNREAD_SAMPLE_BYTES * max(
+        manifest.num_samples, 1
+    )
+
+
+class ShardFile:
+    """One open shard file for ``os.preadv`` from any thread; closed by ``close()`` or when
+    the last reference goes."""
+
+    __slots__ = ("__weakref__", "_closer", "fd", "name")
+
+    def __init__(self, file: BinaryIO, name: str) -> None:
+        self.fd = file.fileno()
+        self.name = name  # the shard's path, for errors
+        self._closer = weakref.finalize(self, file.close)
+
+    def close(self) -> None:
+        """Close the file; later reads through this object fail with EBADF."""
+        self.fd = -1
+        self._closer()
+
+
+class Unread:
+    """A chunk's bytes left in its shard: ``size`` bytes of ``file`` from ``offset``.
+
+    ``load()`` reads them (the reader's read: a truncated shard raises ``CorruptShardError``
+    naming its first missing sample)."""
+
+    __slots__ = ("file", "files", "load", "offset", "size")
+
+    def __init__(
+        self,
+        files: ShardFiles,
+        file: ShardFile,
+        offset: int,
+        size: int,
+        load: Callable[[], bytes | memoryview],
+    ) -> None:
+        self.files, self.file, self.offset, self.size, self.load = files, file, offset, size, load
+
+
+class ShardFiles:
+    """The shards of one local, uncompressed output, opened on demand (at most
+    ``OPEN_FILES`` kept; least recently used closed first once no chunk holds it)."""
+
+    def __init__(self, source: Source, manifest: Manifest) -> None:
+        self._source, self._manifest = source, manifest
+        self._open: OrderedDict[int, ShardFile] = OrderedDict()
+        self._all: weakref.WeakSet[ShardFile] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self.split = SplitReads()  # a batch's reads on two threads, in process
+
+    def get(self, shard: int) -> ShardFile | None:
+        """Shard ``shard`` open; None where its size is not the manifest's (it is then read
+        the usual way, which names what is missing)."""
+        file = self._open.get(shard)
+        if file is not None:
+            self._open.move_to_end(shard)
+            return file
+        entry = self._manifest.shards[shard]
+        opened, size = self._source.call(
+            lambda: self._source.open_sized(entry.file, entry.num_bytes), entry.file
+        )
+        if size != entry.num_bytes:
+            opened.close()
+            return None
+        file = ShardFile(opened, self._source.path(entry.file))
+        with self._lock:
+            self._all.add(file)
+        self._open[shard] = file
+        while len(self._open) > OPEN_FILES:
+            self._open.popitem(last=False)  # closed when the last chunk holding it goes
+        return file
+
+    def close(self) -> None:
+        """Stop the reading thread; close every shard file opened here, held by a chunk or not."""
+        self.split.close()
+        self._open.clear()
+        with self._lock:
+            files = list(self._all)
+        for file in files:
+            file.close()
+
+
+def positioned_read(file: ShardFile, views: list[memoryview], offset: int) -> int:
+    """``os.preadv`` of ``views`` from ``offset``, resumed after a short read until the file
+    ends; the bytes read."""
+    total = sum(len(v) for v in views)
+    done = os.preadv(file.fd, views, offset)
+    while done < total:
+        rest, skip = [], done
+        for v in views:
+            if skip >= len(v):
+                skip -= len(v)
+                continue
+            rest.append(v[skip:])
+            skip = 0
+        got = os.preadv(file.fd, rest, offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+class SplitReads:
+    """A batch's positioned reads split between the calling thread and one more.
+
+    ``os.preadv`` releases the GIL while the kernel copies out of the page cache, so two
+    threads copy at once on two cores; the checksums (``xxh3``, fast next to the copy) follow
+    each read on the thread that made it. The thread starts at the first split, in the process
+    that reads (never in one that forks DataLoader workers before reading), and ``close()``
+    stops and joins it; a process forked while it runs starts its own. Every wait is bounded.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+        self._jobs: queue.SimpleQueue[tuple[Callable[[int, int], bool], int, int] | None]
+        self._done: queue.SimpleQueue[bool | BaseException]
+
+    def __call__(self, read: Callable[[int, int], bool], count: int) -> bool:
+        """``read(lo, hi)`` over ``[0, count)`` in two halves at once; whether both succeeded.
+
+        The calling thread returns only once the other half is read (its bytes go into
+        buffers the caller owns), and raises what that half raised.
+        """
+        if count < SPLIT_MIN:
+            return read(0, count)
+        if self._thread is None or self._pid != os.getpid():
+            self._start()
+        half = count // 2
+        self._jobs.put((read, half, count))
+        try:
+            mine = read(0, half)
+        finally:
+            try:
+                theirs = self._done.get(timeout=WAIT_S)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: "
+                    "is the file system hung?"
+                ) from None
+        if isinstance(theirs, BaseException):
+            raise theirs
+        return mine and theirs
+
+    def _start(self) -> None:
+        self._jobs, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=_serve, args=(self._jobs, self._done), name=THREAD_NAME, daemon=True
+        )
+        self._pid = os.getpid()
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop and join the thread (if this process started it)."""
+        thread, self._thread = self._thread, None
+        if thread is not None and self._pid == os.getpid():
+            self._jobs.put(None)
+            thread.join(JOIN_TIMEOUT_S)
+
+
+def _serve(
+    jobs: queue.SimpleQueue[tuple[Callable[[int, int], bool], int, int] | None],
+    done: queue.SimpleQueue[bool | BaseException],
+) -> None:
+    while (job := jobs.get()) is not None:
+        read, lo, hi = job
+        try:
+            done.put(read(lo, hi))
+        except BaseException as err:  # handed to the caller, which raises it
+            done.put(err)
