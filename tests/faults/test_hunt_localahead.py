@@ -2,7 +2,9 @@
 epoch, a read error on the thread, Ctrl-C, abandoned iterators, killed and persistent DataLoader
 workers, a resumed StatefulDataLoader, a fork from inside an epoch, and memory over many
 windows. Real files and processes throughout; samples of 70-100 KiB and 1 MiB windows, so
-every window after the first goes through the thread. Whatever happens, a batch holds its
+every window after the first goes through the thread. The thread serves the per-sample path
+(``KW`` and the children's ``kw`` have an identity ``transform``); the batch path of such an
+output is hunted in tests/faults/test_hunt_scatter.py. Whatever happens, a batch holds its
 samples' own bytes, an error names the shard, and no thread or process is left behind."""
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ import shardprep
 from loader import CorruptShardError, ShardDataset
 from loader.core import ShardStream
 from loader.localahead import JOIN_TIMEOUT_S, THREAD_NAME
-from tests.integration.test_localahead import _threads, _until
+from tests.integration.test_localahead import KW, _threads, _until
 from tests.processes import run_bounded
 
-KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -211,7 +212,8 @@ def interrupt(signum, frame):
 
 signal.signal(signal.SIGALRM, interrupt)
 rng = random.Random(3)
-kw = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
+kw = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8,
+      "transform": lambda s: s}
 interrupted = 0
 for _ in range(100):
     ds = ShardDataset(sys.argv[1], **kw)
@@ -346,7 +348,8 @@ import os, signal, sys, time
 import psutil
 from torch.utils.data import DataLoader
 from loader import ShardDataset
-ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8,
+                  transform=lambda s: s)
 it = iter(DataLoader(ds, batch_size=None, num_workers=2))
 next(it)
 workers = psutil.Process().children()
@@ -379,7 +382,8 @@ import psutil
 from loader import ShardDataset
 rss = []
 for epoch in range(8):
-    ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+    ds = ShardDataset(sys.argv[1], batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8,
+                      transform=lambda s: s)
     ds.set_epoch(epoch)
     n = 0
     for batch in ds:
@@ -408,7 +412,7 @@ def test_memory_is_steady_over_epochs_with_a_20_mib_sample(tmp_path: Path) -> No
 CHILD_FORK = """
 import os, sys
 from loader import ShardDataset
-kw = dict(batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8)
+kw = dict(batch_size=5, shuffle_buffer_bytes=1 << 20, block_size=8, transform=lambda s: s)
 whole = [[str(k) for k in b["__key__"]] for b in ShardDataset(sys.argv[1], **kw)]
 it = iter(ShardDataset(sys.argv[1], **kw))
 head = [[str(k) for k in next(it)["__key__"]] for _ in range(3)]  # the thread is reading ahead
@@ -486,7 +490,8 @@ from loader import ShardDataset
 out, n = sys.argv[1], 0
 try:
     for n, batch in enumerate(ShardDataset(out, batch_size=5, shuffle_buffer_bytes=1 << 20,
-                                           block_size=8, shuffle=False)):
+                                           block_size=8, shuffle=False,
+                                           transform=lambda s: s)):
         if n == 2:
             os.chmod(out, 0)
     print("NO ERROR")

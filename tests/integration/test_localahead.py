@@ -1,8 +1,10 @@
 """Local read-ahead (``loader.localahead``): a local output's next window read, and its samples
 checked, on one thread. Samples here average ~85 KiB (above ``AHEAD_SAMPLE_BYTES``), so every
 window after the first is read ahead; windows of ~1 MiB hold several chunks and batches of 5
-span windows. What must hold: the batches are exactly the ones made without the thread (and
-the files' bytes), in the same order; a damaged sample is named (shard and key) at the batch
+span windows. The thread serves the per-sample path (a ``transform``, or ``decode``: ``KW``
+has an identity transform); the batch path of such an output reads each batch's samples
+itself (``loader.scatter``, tests/faults/test_hunt_scatter.py). What must hold: the batches
+are exactly the ones made without the thread (and the files' bytes), in the same order; a damaged sample is named (shard and key) at the batch
 that holds it; ``on_error="skip"`` is unchanged; no thread before the first read, none after
 the iteration ends, is abandoned or raises; it works inside DataLoader workers."""
 
@@ -31,7 +33,15 @@ from loader.shuffle import plan_windows
 from shardprep.format.errors import ChecksumMismatchError
 from shardprep.format.shardformat import decode_index
 
-KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
+
+def same(sample: dict[str, Any]) -> dict[str, Any]:
+    """The identity transform: selects the per-sample path, the one the thread serves."""
+    return sample
+
+
+# the batch path, which reads each batch itself (no thread); KW: the per-sample path (thread)
+BATCH_KW: dict[str, Any] = {"batch_size": 5, "shuffle_buffer_bytes": 1 << 20, "block_size": 8}
+KW: dict[str, Any] = {**BATCH_KW, "transform": same}
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +83,31 @@ def _keys_and_jpgs(batch: dict[str, Any]) -> list[tuple[str, bytes]]:
 def test_batches_are_the_sample_paths_and_the_files_bytes(
     large: tuple[Path, dict[str, bytes]],
 ) -> None:
+    """Read ahead (``KW``), without the thread (mapped reads), and the batch path: the same
+    batches."""
     out, jpgs = large
     for epoch in range(2):
-        fast = ShardDataset(str(out), **KW)
-        slow = ShardDataset(str(out), transform=lambda s: s, **KW)
-        fast.set_epoch(epoch)
-        slow.set_epoch(epoch)
-        got, want = list(fast), list(slow)
-        assert len(got) == len(want) == 18
-        for a, b in zip(got, want, strict=True):
-            assert list(a) == list(b)
-            for field in ("jpg", "txt"):
-                assert isinstance(a[field], Packed)
-                assert torch.equal(a[field].data, b[field].data)
-                assert torch.equal(a[field].offsets, b[field].offsets)
-            assert list(a["__key__"]) == list(b["__key__"])
+        ahead = ShardDataset(str(out), **KW)
+        mapped = ShardDataset(str(out), **KW, read=ReadOptions(mapped=True))  # no thread
+        batched = ShardDataset(str(out), **BATCH_KW)  # (read by loader.scatter)
+        for ds in (ahead, mapped, batched):
+            ds.set_epoch(epoch)
+        it = iter(ahead)
+        got = [next(it)]
+        assert len(_threads()) == 1  # these batches do come through the thread
+        got.extend(it)
+        for want in (list(mapped), list(batched)):
+            assert len(got) == len(want) == 18
+            for a, b in zip(got, want, strict=True):
+                assert list(a) == list(b)
+                for field in ("jpg", "txt"):
+                    assert isinstance(a[field], Packed)
+                    assert torch.equal(a[field].data, b[field].data)
+                    assert torch.equal(a[field].offsets, b[field].offsets)
+                assert list(a["__key__"]) == list(b["__key__"])
         seen = [pair for batch in got for pair in _keys_and_jpgs(batch)]
         assert sorted(seen) == sorted(jpgs.items())  # every sample once, its own bytes
-    assert not _threads()
+    assert _until(lambda: not _threads())
 
 
 def test_a_resumed_stream_is_the_rest_of_the_whole(large: tuple[Path, dict[str, bytes]]) -> None:
@@ -168,11 +185,10 @@ def test_a_damaged_sample_is_named_at_the_batch_that_holds_it(
     order = [list(b["__key__"]) for b in ShardDataset(str(clean), **KW)]
     holding = next(i for i, keys in enumerate(order) if key in keys)
     errors = []
-    extras: list[dict[str, Any]] = [{}, {"transform": lambda s: s}]
-    for extra in extras:
+    for kw in (KW, BATCH_KW):  # read ahead, and the batch path (loader.scatter)
         got = []
         with pytest.raises(CorruptShardError) as info:
-            for batch in ShardDataset(str(out), **KW, **extra):
+            for batch in ShardDataset(str(out), **kw):
                 got.append(list(batch["__key__"]))
         assert got == order[:holding]  # every batch before it, then the error
         errors.append(str(info.value))
