@@ -281,13 +281,14 @@ class _Columns:
     (``fixed[k]``: one row of bytes per position), so a batch takes its rows in one NumPy
     operation instead of a slice per member; the other fields are sliced per member."""
 
-    __slots__ = ("chunk", "fixed", "largest", "names", "size", "start", "widest")
+    __slots__ = ("chunk", "end", "fixed", "largest", "names", "size", "start", "widest")
 
     def __init__(self, window: Window, width: int, names: list[str]) -> None:
         self.names = names
         first = window.begin  # each position's first member
         self.chunk = window.chunk[first] if len(window.buffers) > 1 else None
         self.start: list[IntArray] = []
+        self.end: list[IntArray] = []  # start + size
         self.size: list[IntArray] = []
         self.largest: list[int] = []
         self.fixed: list[npt.NDArray[np.uint8] | None] = []
@@ -295,6 +296,7 @@ class _Columns:
             start, size = window.offset[first + k], window.size[first + k]
             largest = int(size.max()) if len(size) else 0
             self.start.append(start)
+            self.end.append(start + size)
             self.size.append(size)
             self.largest.append(largest)
             one_size = len(size) > 0 and largest <= FIXED_BYTES and not (size != largest).any()
@@ -304,14 +306,14 @@ class _Columns:
     def payloads(self, window: Window, k: int, positions: IntArray) -> list[memoryview]:
         """Field ``k``'s bytes of the samples at ``positions``, as views (no copy)."""
         starts = self.start[k][positions].tolist()
-        sizes = self.size[k][positions].tolist()
+        ends = self.end[k][positions].tolist()
         if self.chunk is None:
             whole = window.buffers[0]
-            return [whole[a : a + z] for a, z in zip(starts, sizes, strict=True)]
+            return [whole[a:b] for a, b in zip(starts, ends, strict=True)]
         buffers = window.buffers
         return [
-            buffers[c][a : a + z]
-            for c, a, z in zip(self.chunk[positions].tolist(), starts, sizes, strict=True)
+            buffers[c][a:b]
+            for c, a, b in zip(self.chunk[positions].tolist(), starts, ends, strict=True)
         ]
 
 
@@ -380,21 +382,7 @@ def _fast(
     arrays: list[tuple[str, Any, list[npt.NDArray[Any]]]] = []
     count = len(padded)
     for k, name in enumerate(names):
-        size = parts[0][2].largest[k]
-        rows = [(c.fixed[k], p) for _, p, c in parts if c.largest[k] == size]
-        if len(rows) == len(parts) and all(f is not None for f, _ in rows):
-            data = _concat([f[p] for f, p in rows]).reshape(-1)  # type: ignore[index]
-            offsets = np.arange(count + 1, dtype=np.int64) * size
-        else:
-            offsets = np.empty(count + 1, dtype=np.int64)
-            offsets[0] = 0
-            np.cumsum(_concat([c.size[k][p] for _, p, c in parts]), out=offsets[1:])
-            views = (
-                parts[0][2].payloads(parts[0][0], k, parts[0][1])
-                if one
-                else [v for w, p, c in parts for v in c.payloads(w, k, p)]
-            )
-            data = np.frombuffer(bytearray().join(views), dtype=np.uint8)
+        data, offsets = _field(parts, k, count)
         packed = Packed(
             torch.from_numpy(data) if len(data) else torch.empty(0, dtype=torch.uint8),
             torch.from_numpy(offsets),
@@ -407,6 +395,38 @@ def _fast(
         arrays.append(("__padded__", batch["__padded__"], [padded]))
         batch.crossing = cross(arena, arrays)
     return batch
+
+
+def _field(
+    parts: list[tuple[Window, IntArray, _Columns]], k: int, count: int
+) -> tuple[npt.NDArray[np.uint8], IntArray]:
+    """Field ``k`` of the ``count`` samples of ``parts`` (``_fast``): their bytes back to
+    back, and the offsets where each sample's bytes start (and the last ends)."""
+    window, positions, columns = parts[0]
+    size = columns.largest[k]
+    if len(parts) == 1:  # the usual case: a batch within one window
+        fixed = columns.fixed[k]
+        if fixed is not None:
+            return fixed[positions].reshape(-1), _steps(count, size)
+        sizes = columns.size[k][positions]
+        views = columns.payloads(window, k, positions)
+    elif all(c.fixed[k] is not None and c.largest[k] == size for _, _, c in parts):
+        rows = [c.fixed[k][p] for _, p, c in parts]  # type: ignore[index]
+        return _concat(rows).reshape(-1), _steps(count, size)
+    else:
+        sizes = _concat([c.size[k][p] for _, p, c in parts])
+        views = [v for w, p, c in parts for v in c.payloads(w, k, p)]
+    offsets = np.empty(count + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.add.accumulate(sizes, out=offsets[1:])
+    return np.frombuffer(bytearray().join(views), np.uint8), offsets
+
+
+def _steps(count: int, size: int) -> IntArray:
+    """The offsets of ``count`` payloads of ``size`` bytes each, back to back."""
+    if not size:
+        return np.zeros(count + 1, dtype=np.int64)
+    return np.arange(0, (count + 1) * size, size, dtype=np.int64)
 
 
 class _Fields:
