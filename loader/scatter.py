@@ -16,7 +16,8 @@ path that names the damaged sample.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +52,7 @@ class _Reads:
         self.files: list[ShardFile] = []
         self.starts: list[int] = []
         self.views: list[list[memoryview]] = []
+        self.sizes: list[int] = []  # the bytes of each sample's iovecs together
         self.expected: list[int] = []
 
 
@@ -84,6 +86,7 @@ def _plan(
         gap_parts.append(gaps)
         layout.append((unread, chunk.tolist(), (bases + span_start).tolist(), gaps.tolist()))
         reads.expected.extend(window.sample_checksum[positions].tolist())
+        reads.sizes.extend((window.span_end[positions] - span_start).tolist())
     total_gaps = int(sum(int(g.sum()) for g in gap_parts))
     scratch = memoryview(bytearray(total_gaps))
     at = 0
@@ -103,23 +106,25 @@ def _plan(
     return reads
 
 
-def _read_checked(reads: _Reads, lo: int, hi: int) -> bool:
-    """Read samples ``lo:hi`` of ``reads`` and check each one's checksum; False at the first
-    sample cut short or failing it."""
-    for file, start, views, expected in zip(
-        reads.files[lo:hi],
-        reads.starts[lo:hi],
-        reads.views[lo:hi],
-        reads.expected[lo:hi],
-        strict=True,
-    ):
-        wanted = sum(map(len, views))
-        if positioned_read(file, views, start) != wanted:
+def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
+    """Read the samples of ``reads`` that ``claim`` hands this thread (each index once, over
+    all the threads that share it) and check each one's checksum; False at the first sample
+    cut short or failing it."""
+    files, starts, views_of, sizes, sums = (
+        reads.files,
+        reads.starts,
+        reads.views,
+        reads.sizes,
+        reads.expected,
+    )
+    for i in claim:  # (a C iterator: under the GIL, each index goes to one thread)
+        views, wanted = views_of[i], sizes[i]
+        if positioned_read(files[i], views, starts[i], wanted) != wanted:
             return False
         h = xxhash.xxh3_64()  # seed 0, as shardprep.format.shardformat.payload_checksum
         for v in views:
             h.update(v)
-        if h.intdigest() != expected:
+        if h.intdigest() != sums[i]:
             return False
     return True
 
@@ -129,15 +134,15 @@ def gather_fields(
     members: list[IntArray],
     arena: Arena | None,
     recycler: Recycler | None,
-    split: Callable[[Callable[[int, int], bool], int], bool] | None = None,
+    split: Callable[[Callable[[], bool], int], bool] | None = None,
 ) -> list[Packed] | None:
     """Each field's payloads of a batch of unread windows' samples, packed and checked.
 
     ``members``: per segment, its samples' member numbers, one column per field in file
     order. A large field goes to ``arena`` (a DataLoader worker's ring: committed, its
     ticket crossing) or ``recycler`` (the main process), a small one to fresh bytes.
-    ``split(read, count)`` may read samples ``[0, count)`` in parts, ``read(lo, hi)`` each
-    (on several threads); it returns whether every part succeeded. None where a sample is
+    ``split(work, count)`` may run ``work`` on several threads at once, which then share the
+    ``count`` samples between them; it returns whether every ``work`` succeeded. None where a sample is
     cut short or fails its checksum, after giving back what was taken from ``arena``.
     """
     width = members[0].shape[1]
@@ -176,11 +181,12 @@ def gather_fields(
         unread = segments[0][0].unread
         split = unread[0].files.split if unread else None
     count = len(reads.files) if reads is not None else 0
-    ok = reads is not None and (
-        split(lambda lo, hi: _read_checked(reads, lo, hi), count)
-        if split is not None
-        else _read_checked(reads, 0, count)
-    )
+    if reads is None:
+        ok = False
+    else:
+        claim = iter(range(count))
+        work = partial(_read_checked, reads, claim)
+        ok = split(work, count) if split is not None else work()
     if ok:
         return packs
     if arena is not None:

@@ -139,10 +139,9 @@ class ShardFiles:
             file.close()
 
 
-def positioned_read(file: ShardFile, views: list[memoryview], offset: int) -> int:
-    """``os.preadv`` of ``views`` from ``offset``, resumed after a short read until the file
-    ends; the bytes read."""
-    total = sum(len(v) for v in views)
+def positioned_read(file: ShardFile, views: list[memoryview], offset: int, total: int) -> int:
+    """``os.preadv`` of ``views`` (``total`` bytes together) from ``offset``, resumed after a
+    short read until the file ends; the bytes read."""
     done = os.preadv(file.fd, views, offset)
     while done < total:
         rest, skip = [], done
@@ -160,7 +159,7 @@ def positioned_read(file: ShardFile, views: list[memoryview], offset: int) -> in
 
 
 class SplitReads:
-    """A batch's positioned reads split between the calling thread and one more.
+    """A batch's positioned reads shared between the calling thread and one more.
 
     ``os.preadv`` releases the GIL while the kernel copies out of the page cache, so two
     threads copy at once on two cores; the checksums (``xxh3``, fast next to the copy) follow
@@ -172,23 +171,24 @@ class SplitReads:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._pid = -1
-        self._jobs: queue.SimpleQueue[tuple[Callable[[int, int], bool], int, int] | None]
+        self._getpid = os.getpid  # (still there when a generator is closed at interpreter exit)
+        self._jobs: queue.SimpleQueue[Callable[[], bool] | None]
         self._done: queue.SimpleQueue[bool | BaseException]
 
-    def __call__(self, read: Callable[[int, int], bool], count: int) -> bool:
-        """``read(lo, hi)`` over ``[0, count)`` in two halves at once; whether both succeeded.
+    def __call__(self, work: Callable[[], bool], count: int) -> bool:
+        """``work()`` on this thread and on the other at once (they share ``count`` reads
+        between them); whether both succeeded. Alone for fewer than ``SPLIT_MIN`` reads.
 
-        The calling thread returns only once the other half is read (its bytes go into
-        buffers the caller owns), and raises what that half raised.
+        Returns only once the other thread's ``work`` has returned (it writes into buffers
+        the caller owns), and raises what it raised.
         """
         if count < SPLIT_MIN:
-            return read(0, count)
+            return work()
         if self._thread is None or self._pid != os.getpid():
             self._start()
-        half = count // 2
-        self._jobs.put((read, half, count))
+        self._jobs.put(work)
         try:
-            mine = read(0, half)
+            mine = work()
         finally:
             try:
                 theirs = self._done.get(timeout=WAIT_S)
@@ -212,18 +212,17 @@ class SplitReads:
     def close(self) -> None:
         """Stop and join the thread (if this process started it)."""
         thread, self._thread = self._thread, None
-        if thread is not None and self._pid == os.getpid():
+        if thread is not None and self._pid == self._getpid():
             self._jobs.put(None)
             thread.join(JOIN_TIMEOUT_S)
 
 
 def _serve(
-    jobs: queue.SimpleQueue[tuple[Callable[[int, int], bool], int, int] | None],
+    jobs: queue.SimpleQueue[Callable[[], bool] | None],
     done: queue.SimpleQueue[bool | BaseException],
 ) -> None:
-    while (job := jobs.get()) is not None:
-        read, lo, hi = job
+    while (work := jobs.get()) is not None:
         try:
-            done.put(read(lo, hi))
+            done.put(work())
         except BaseException as err:  # handed to the caller, which raises it
             done.put(err)
