@@ -46,64 +46,74 @@ def unread_of(buffers: list[object]) -> list[Unread] | None:
 
 class _Reads:
     """Per sample of a batch (in batch order): the file, the file offset of its checked
-    bytes, and its iovecs; made from the batch's segments with NumPy, then read."""
+    bytes, its iovecs, their size together and the checksum they must have."""
 
-    def __init__(self) -> None:
-        self.files: list[ShardFile] = []
-        self.starts: list[int] = []
-        self.views: list[list[memoryview]] = []
-        self.sizes: list[int] = []  # the bytes of each sample's iovecs together
-        self.expected: list[int] = []
+    __slots__ = ("expected", "files", "sizes", "starts", "views")
+
+    def __init__(
+        self,
+        files: list[ShardFile],
+        starts: list[int],
+        views: list[tuple[memoryview, ...]],
+        sizes: list[int],
+        expected: list[int],
+    ) -> None:
+        self.files, self.starts, self.views = files, starts, views
+        self.sizes, self.expected = sizes, expected
+
+
+def _views(buffer: memoryview, starts: IntArray, ends: IntArray) -> Iterator[memoryview]:
+    """Views of ``buffer[starts[i]:ends[i]]``, made in C (no Python frame per view)."""
+    return map(buffer.__getitem__, map(slice, starts.tolist(), ends.tolist()))
 
 
 def _plan(
     segments: list[tuple[Window, IntArray]],
     members: list[IntArray],
     outs: list[memoryview],
-    ends: list[list[int]],
+    offsets: list[IntArray],
 ) -> _Reads | None:
     """The reads of a batch whose segments' members (one column per field, in file order)
-    go to ``outs`` (field ``k``'s sample ``i`` at ``ends[k][i]:ends[k][i + 1]``); None if a
-    sample's bytes are not exactly its headers and members (the slow path decides)."""
-    reads = _Reads()
-    i = 0
-    width = len(outs)
-    gap_parts = []
-    layout = []
+    go to ``outs`` (field ``k``'s sample ``i`` at ``offsets[k][i]:offsets[k][i + 1]``); None if
+    a sample's bytes are not exactly its headers and members (the slow path decides).
+
+    A sample's iovecs alternate the bytes before each member (its tar header, and the padding
+    after the member before) into a scratch buffer, and the member's data into its field's
+    buffer: together exactly the bytes its checksum covers.
+    """
+    files: list[ShardFile] = []
+    starts, gap_parts, expected, sizes = [], [], [], []
     for (window, positions), m in zip(segments, members, strict=True):
         unread = window.unread
         assert unread is not None
         chunk = window.sample_chunk[positions]
-        bases = np.array([u.offset for u in unread], dtype=np.int64)[chunk]
         span_start = window.span_start[positions]
         begin = window.offset[m]  # (samples, fields), from the chunk's start
-        size = window.size[m]
-        end = begin + size
-        before = np.concatenate([span_start[:, None], end[:, :-1]], axis=1)
-        gaps = begin - before
+        end = begin + window.size[m]
+        gaps = begin - np.concatenate([span_start[:, None], end[:, :-1]], axis=1)
         if (gaps < 0).any() or (end[:, -1] != window.span_end[positions]).any():
             return None  # members overlap or bytes follow the last one: not a plain layout
+        bases = np.array([u.offset for u in unread], dtype=np.int64)
+        starts.append(bases[chunk] + span_start)
         gap_parts.append(gaps)
-        layout.append((unread, chunk.tolist(), (bases + span_start).tolist(), gaps.tolist()))
-        reads.expected.extend(window.sample_checksum[positions].tolist())
-        reads.sizes.extend((window.span_end[positions] - span_start).tolist())
-    total_gaps = int(sum(int(g.sum()) for g in gap_parts))
-    scratch = memoryview(bytearray(total_gaps))
-    at = 0
-    for unread, chunks, starts, gaps in layout:
-        for c, start, sample_gaps in zip(chunks, starts, gaps, strict=True):
-            views = []
-            for k in range(width):
-                g = sample_gaps[k]
-                if g:
-                    views.append(scratch[at : at + g])
-                    at += g
-                views.append(outs[k][ends[k][i] : ends[k][i + 1]])
-            reads.files.append(unread[c].file)
-            reads.starts.append(start)
-            reads.views.append(views)
-            i += 1
-    return reads
+        expected.append(window.sample_checksum[positions])
+        sizes.append(window.span_end[positions] - span_start)
+        chunk_files = [u.file for u in unread]
+        files.extend(map(chunk_files.__getitem__, chunk.tolist()))
+    gaps = np.concatenate(gap_parts) if len(gap_parts) > 1 else gap_parts[0]
+    gap_ends = np.cumsum(gaps.reshape(-1)).reshape(gaps.shape)  # sample by sample, in order
+    scratch = memoryview(bytearray(int(gap_ends[-1, -1]) if gaps.size else 0))
+    columns: list[Iterator[memoryview]] = []
+    for k, (out, ends) in enumerate(zip(outs, offsets, strict=True)):
+        columns.append(_views(scratch, gap_ends[:, k] - gaps[:, k], gap_ends[:, k]))
+        columns.append(_views(out, ends[:-1], ends[1:]))
+    return _Reads(
+        files,
+        np.concatenate(starts).tolist(),
+        list(zip(*columns, strict=True)),
+        np.concatenate(sizes).tolist(),
+        np.concatenate(expected).tolist(),
+    )
 
 
 def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
@@ -148,7 +158,7 @@ def gather_fields(
     width = members[0].shape[1]
     packs: list[Packed] = []
     outs: list[memoryview] = []
-    ends: list[list[int]] = []
+    ends: list[IntArray] = []
     for k in range(width):
         sizes = np.concatenate(
             [w.size[m[:, k]] for (w, _), m in zip(segments, members, strict=True)]
@@ -175,7 +185,7 @@ def gather_fields(
             data, out = recycler.tensor(total)
         packs.append(Packed(data, torch.from_numpy(offsets), ticket))
         outs.append(out)
-        ends.append(offsets.tolist())
+        ends.append(offsets)
     reads = _plan(segments, members, outs, ends)
     if split is None and arena is None:  # in process: two threads copy (in a worker, one)
         unread = segments[0][0].unread

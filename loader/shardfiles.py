@@ -25,7 +25,7 @@ import queue
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from loader.source import Source
@@ -139,7 +139,7 @@ class ShardFiles:
             file.close()
 
 
-def positioned_read(file: ShardFile, views: list[memoryview], offset: int, total: int) -> int:
+def positioned_read(file: ShardFile, views: Sequence[memoryview], offset: int, total: int) -> int:
     """``os.preadv`` of ``views`` (``total`` bytes together) from ``offset``, resumed after a
     short read until the file ends; the bytes read."""
     done = os.preadv(file.fd, views, offset)
