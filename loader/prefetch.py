@@ -74,6 +74,7 @@ INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
 AUTO_REQUESTS = 16  # max_requests=None: requests in flight per DataLoader, split between workers
 MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
 MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
+MIN_FIRST_PART_BYTES = 256 << 10  # the first window's parts: not smaller (a round trip each)
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
 THREAD_NAME = "shardprep-read-ahead"
@@ -129,11 +130,13 @@ class ReadPlan:
 
     ``reads(reader)``: its reads (spans come from the reader's indexes);
     ``shards()``: the shards it reads, in order (repeats allowed), for the index files
-    fetched ahead.
+    fetched ahead; ``first_bytes``: about how many bytes the reader needs before it hands out
+    anything (its first window; 0: unknown), fetched spread over every request in flight.
     """
 
     reads: Callable[[ShardReader], Iterator[Read]]
     shards: Callable[[], Iterator[int]]
+    first_bytes: int = 0
 
 
 def window_plan(pieces: list[SampleRange], skip: int, max_samples: int, max_bytes: int) -> ReadPlan:
@@ -141,6 +144,7 @@ def window_plan(pieces: list[SampleRange], skip: int, max_samples: int, max_byte
     return ReadPlan(
         lambda reader: planned_reads(pieces, reader, skip, max_samples, max_bytes),
         lambda: (piece.shard for piece in pieces),
+        max_bytes,
     )
 
 
@@ -173,6 +177,17 @@ def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
     return requests, min(options.request_bytes, share)
 
 
+def first_part_bytes(first_bytes: int, requests: int, request_bytes: int) -> int:
+    """The size of the parts the first ``first_bytes`` of a read-ahead are fetched in: spread
+    over the ``requests`` in flight (not under ``MIN_FIRST_PART_BYTES``, never over
+    ``request_bytes``), so that the first window comes in on every connection at once instead
+    of on a few while the others fetch what is read later. 0: no first window (``request_bytes``
+    throughout)."""
+    if first_bytes <= 0:
+        return request_bytes
+    return min(request_bytes, max(MIN_FIRST_PART_BYTES, -(-first_bytes // requests)))
+
+
 def dataloader_workers() -> int:
     """The number of workers of the torch DataLoader this process is a worker of, else 1
     (torch is not imported for this: a process that never imported it is no such worker)."""
@@ -199,6 +214,9 @@ def plan_groups(reads: Iterator[Read], request_bytes: int) -> Iterator[Group]:
         if group is not None:
             yield group
         group = Group(read.shard, read.offset, read.stop, [read])
+        if read.size > request_bytes:  # no read can join it: out now, before the next read is
+            yield group  # planned (which may wait for another shard's index)
+            group = None
     if group is not None:
         yield group
 
@@ -224,31 +242,51 @@ class _Job:
 
 
 class _Pool:
-    """A few daemon threads running jobs by priority, then in submission order; started at the
-    first submit."""
+    """A few daemon threads running jobs by priority, then in submission order.
+
+    The first submit starts one thread, which starts the others before taking jobs: the
+    thread that submits (the reader) is not held up starting them one by one (each start
+    waits for the new thread to run, behind the GIL of the ones already fetching).
+    """
 
     def __init__(self, threads: int) -> None:
         self._size = threads
         # (priority, sequence, job): index files (0) before data (1), else first come first served
         self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
         self._sequence = 0
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []  # started ones, the starter first
+        self._started = False
         self._closed = threading.Event()
 
     def submit(self, fn: Callable[[], Any], priority: int = 1) -> _Job:
         if self._closed.is_set():
             raise RuntimeError("read-ahead is closed")
-        if not self._threads:
-            for i in range(self._size):
-                thread = threading.Thread(target=self._work, name=f"{THREAD_NAME}-{i}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
         job = _Job(fn)
         self._sequence += 1
         self._queue.put((priority, self._sequence, job))
+        if not self._started:
+            self._start(0)  # raises (and the read with it) when not even one thread starts
+            self._started = True
         return job
 
-    def _work(self) -> None:
+    def _start(self, i: int) -> None:
+        thread = threading.Thread(target=self._work, args=(i,), name=f"{THREAD_NAME}-{i}")
+        thread.daemon = True
+        with self._lock:
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self, i: int) -> None:
+        if i == 0:  # the starter: the other threads first, then jobs like them
+            for k in range(1, self._size):
+                if self._closed.is_set():
+                    break
+                try:
+                    self._start(k)
+                except RuntimeError as err:  # "can't start new thread": fewer threads, slower
+                    log.warning("read-ahead: %d of %d threads (%s)", k, self._size, err)
+                    break
         while True:
             job = self._queue.get()[2]
             if job is None or self._closed.is_set():
@@ -261,13 +299,18 @@ class _Pool:
     def close(self) -> None:
         """Drop queued jobs and stop every thread (each after its current job, bounded)."""
         self._closed.set()
-        for i in range(len(self._threads)):
+        for i in range(self._size):  # one for each thread there is or may still be started
             self._queue.put((-1, i, None))  # ahead of every job
-        for thread in self._threads:
+        with self._lock:
+            starter = self._threads[:1]
+        for thread in starter:  # no thread is started after the starter has ended
+            thread.join(JOIN_TIMEOUT_S)
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
             thread.join(JOIN_TIMEOUT_S)
             if thread.is_alive():
                 log.warning("%s still busy with a request %.0f s after close", thread.name, 5.0)
-        self._threads = []
 
 
 class _Pending:
@@ -296,9 +339,13 @@ class ReadAhead:
         shard_order: Iterable[int],
         options: RemoteOptions,
         cache: Any = None,
+        first_bytes: int = 0,
     ) -> None:
         self._source, self._manifest, self._options = source, manifest, options
         requests, self._request_bytes = concurrency(options, dataloader_workers())
+        # the first ``first_bytes`` are fetched in smaller parts, one on each thread
+        self._first_left = first_bytes
+        self._first_part = first_part_bytes(first_bytes, requests, self._request_bytes)
         self._groups = plan_groups(reads, self._request_bytes)
         self._cache = cache  # a loader.cache.ShardCache, or None: stream into memory
         self._pool = _Pool(requests)
@@ -439,15 +486,19 @@ class ReadAhead:
                 )
 
             return [(group.start, self._pool.submit(cached))]
-        step = self._request_bytes
-        starts = range(group.start, max(stop, group.start + 1), step)
-        return [
-            (
-                start,
-                self._pool.submit(partial(self._fetch, entry.file, start, min(start + step, stop))),
-            )
-            for start in starts
-        ]
+        parts = []
+        start = group.start
+        while True:
+            step = self._request_bytes if self._first_left <= 0 else self._first_part
+            end = max(start, min(start + step, stop))  # start: past the file's end, no bytes
+            # the first window is as urgent as an index: ahead of the indexes fetched for later
+            urgent = 0 if self._first_left > 0 else 1
+            job = self._pool.submit(partial(self._fetch, entry.file, start, end), urgent)
+            parts.append((start, job))
+            self._first_left -= end - start
+            start = end
+            if start >= stop:
+                return parts
 
     def _fetch(self, name: str, start: int, stop: int) -> bytes:
         return self._source.fetch(name, start, stop) if stop > start else b""
@@ -516,7 +567,9 @@ def read_ahead(
         options = _replace_read_ahead(options)
 
     def make(reader: ShardReader) -> RangeIO:
-        return ReadAhead(source, manifest, plan.reads(reader), plan.shards(), options, cache)
+        return ReadAhead(
+            source, manifest, plan.reads(reader), plan.shards(), options, cache, plan.first_bytes
+        )
 
     return make
 
