@@ -45,7 +45,7 @@ from loader.partition import (
     slot_counts,
 )
 from loader.prefetch import ReadPlan, read_ahead, window_plan
-from loader.read import BufferPool, ShardReader
+from loader.read import BufferPool, ShardReader, checked_indexes
 from loader.reweight import Reweighting
 from loader.shardfiles import leaves_unread
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
@@ -113,6 +113,8 @@ class ShardStream:
         self.block_size = block_size
         self.class_weights, self.resample = class_weights, resample
         self._sizes = [s.num_samples for s in self.manifest.shards]
+        # read and checked here, before a DataLoader forks its workers: they inherit them
+        self._indexes = checked_indexes(self.source, self.manifest)
         self._reweighting: Reweighting | None = None
         if class_weights is not None:
             if self.manifest.class_names is None:
@@ -357,6 +359,7 @@ class ShardStream:
             io,
             self.read.mapped,
             unread,
+            self._indexes,
         )
 
     def _expander(
@@ -382,6 +385,11 @@ class ShardStream:
         return draw
 
     # --- resume -------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a spawned DataLoader worker reads its own indexes: pickled, they would cross once
+        # per worker in full (a forked one inherits them)
+        return {**self.__dict__, "_indexes": {}}
 
     def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
         """The options a resume state must share with this run (they fix the order)."""

@@ -44,7 +44,7 @@ import mmap
 import os
 import sys
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, BinaryIO, Protocol
 
@@ -592,6 +592,42 @@ def _narrow(values: npt.NDArray[np.uint64]) -> npt.NDArray[Any]:
     return narrowed
 
 
+SHARED_INDEX_BYTES = 2 * INDEX_CACHE_BYTES  # index files at most this large in all are shared
+
+
+def checked_indexes(source: Source, manifest: Manifest) -> dict[int, ShardIndex]:
+    """Every shard's index, read and checked once (``ShardReader.index``), for the readers of
+    one stream to share (``ShardReader(shared=...)``).
+
+    Made where the dataset is constructed: the DataLoader forks its workers from that
+    process later, and each inherits these (copy-on-write pages it only reads) instead of
+    reading, hashing and checking every index again, once per worker and epoch (about 2 ms
+    per MB of index files, per worker). Only for a local output whose index files total at
+    most ``SHARED_INDEX_BYTES`` and whose slimmed indexes fit in ``INDEX_CACHE_BYTES``, the
+    memory one reader's cache may take anyway; otherwise none. An index that cannot be read
+    or fails a check is left out: the reader that needs it reads it itself and raises the
+    error there, as it would without this.
+    """
+    if source.remote or sum(e.index_bytes for e in manifest.shards) > SHARED_INDEX_BYTES:
+        return {}
+    reader = ShardReader(source, manifest)
+    found: dict[int, ShardIndex] = {}
+    total = 0
+    try:
+        for shard in range(len(manifest.shards)):
+            try:
+                index, size = reader._load_index(shard)
+            except (ManifestError, ChecksumMismatchError):
+                continue  # raised where the shard is read (see above)
+            found[shard] = index
+            total += size
+            if total > INDEX_CACHE_BYTES:
+                return {}
+    finally:
+        reader.close()
+    return found
+
+
 class ShardReader:
     """Reads sample ranges of one output's shards; one per worker process, made lazily."""
 
@@ -606,6 +642,7 @@ class ShardReader:
         io: Callable[[ShardReader], RangeIO] | None = None,
         mapped: bool = False,
         unread: bool = False,
+        shared: Mapping[int, ShardIndex] | None = None,
     ) -> None:
         """``checksums=False`` hands samples out without checking their member checksums
         (everything else is still checked); for the rare job where that cost matters.
@@ -615,7 +652,8 @@ class ShardReader:
         reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
         it gets the reader because a read plan needs the reader's indexes.
         ``unread``: a local uncompressed output's chunks of large samples are left unread,
-        for batches that read their own samples (``loader.shardfiles``, ``loader.scatter``)."""
+        for batches that read their own samples (``loader.shardfiles``, ``loader.scatter``).
+        ``shared``: indexes read and checked already (``checked_indexes``), used as they are."""
         self._source = source
         self._mapped = mapped
         self._pool = pool if not source.remote else None
@@ -625,6 +663,7 @@ class ShardReader:
         self._manifest = manifest
         self._verify = verify
         self._verified: set[int] = set()
+        self._shared = shared or {}
         self._indexes: OrderedDict[int, tuple[ShardIndex, int]] = OrderedDict()
         self._checked: set[int] = set()  # shards whose index passed check_index (read again
         # after leaving the cache, it is checked against the manifest's sha256 only)
@@ -661,10 +700,22 @@ class ShardReader:
             ChecksumMismatchError: the index is not the one the manifest lists.
             UnreachableError: the server holding a remote index could not be reached.
         """
+        known = self._shared.get(shard)
+        if known is not None:
+            return known
         cached = self._indexes.get(shard)
         if cached is not None:
             self._indexes.move_to_end(shard)
             return cached[0]
+        index, size = self._load_index(shard)
+        self._indexes[shard] = (index, size)
+        self._index_bytes += size
+        while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:
+            self._index_bytes -= self._indexes.popitem(last=False)[1][1]
+        return index
+
+    def _load_index(self, shard: int) -> tuple[ShardIndex, int]:
+        """``shard``'s index read and checked (see ``index``), slimmed, and its size in bytes."""
         entry = self._manifest.shards[shard]
         where = self._source.path(entry.index_file)
         try:
@@ -684,12 +735,7 @@ class ShardReader:
             names = self._manifest.class_names
             check_index(index, entry, self._zstd is not None, len(names) if names else 0, where)
             self._checked.add(shard)
-        index, size = _slim(index)
-        self._indexes[shard] = (index, size)
-        self._index_bytes += size
-        while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:
-            self._index_bytes -= self._indexes.popitem(last=False)[1][1]
-        return index
+        return _slim(index)
 
     def _expanded_ids(self, shard: int) -> tuple[IntArray, list[float] | None]:
         """Raw sample ids (and weights) of the shard's reweighted sequence; cached per shard."""
