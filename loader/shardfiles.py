@@ -131,12 +131,14 @@ class ShardFiles:
 
     def close(self) -> None:
         """Stop the reading thread; close every shard file opened here, held by a chunk or not."""
-        self.split.close()
-        self._open.clear()
-        with self._lock:
-            files = list(self._all)
-        for file in files:
-            file.close()
+        try:
+            self.split.close()
+        finally:  # (a Ctrl-C in the thread's join still closes the files)
+            self._open.clear()
+            with self._lock:
+                files = list(self._all)
+            for file in files:
+                file.close()
 
 
 def positioned_read(file: ShardFile, views: Sequence[memoryview], offset: int, total: int) -> int:
@@ -214,7 +216,9 @@ class SplitReads:
         thread, self._thread = self._thread, None
         if thread is not None and self._pid == self._getpid():
             self._jobs.put(None)
-            thread.join(JOIN_TIMEOUT_S)
+            # (not started: a Ctrl-C in ``start``; if it runs after all, it reads the None)
+            if thread.is_alive():
+                thread.join(JOIN_TIMEOUT_S)
 
 
 def _serve(
