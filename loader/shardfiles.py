@@ -104,6 +104,8 @@ class ShardFiles:
         self._source, self._manifest = source, manifest
         self._open: OrderedDict[int, ShardFile] = OrderedDict()
         self._all: weakref.WeakSet[ShardFile] = weakref.WeakSet()
+        # every shard open here that a chunk still holds: opened once, however many hold it
+        self._held: weakref.WeakValueDictionary[int, ShardFile] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self.split = SplitReads()  # a batch's reads on two threads, in process
 
@@ -113,6 +115,10 @@ class ShardFiles:
         file = self._open.get(shard)
         if file is not None:
             self._open.move_to_end(shard)
+            return file
+        file = self._held.get(shard)  # (no longer among the last few, but still held)
+        if file is not None:
+            self._keep(shard, file)
             return file
         entry = self._manifest.shards[shard]
         opened, size = self._source.call(
@@ -124,10 +130,14 @@ class ShardFiles:
         file = ShardFile(opened, self._source.path(entry.file))
         with self._lock:
             self._all.add(file)
+        self._held[shard] = file
+        self._keep(shard, file)
+        return file
+
+    def _keep(self, shard: int, file: ShardFile) -> None:
         self._open[shard] = file
         while len(self._open) > OPEN_FILES:
             self._open.popitem(last=False)  # closed when the last chunk holding it goes
-        return file
 
     def close(self) -> None:
         """Stop the reading thread; close every shard file opened here, held by a chunk or not."""
@@ -135,6 +145,7 @@ class ShardFiles:
             self.split.close()
         finally:  # (a Ctrl-C in the thread's join still closes the files)
             self._open.clear()
+            self._held.clear()
             with self._lock:
                 files = list(self._all)
             for file in files:

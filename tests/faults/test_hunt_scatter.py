@@ -320,6 +320,30 @@ def test_a_sample_of_many_members(tmp_path: Path) -> None:
     assert _left(out)
 
 
+def test_a_shard_held_by_many_chunks_is_open_once(tmp_path: Path) -> None:
+    """20 shards, windows of ~50 one-sample pieces from all of them: each shard is opened
+    once however many chunks hold it (not once per piece after it left the last few kept:
+    74 descriptors here before, thousands with a large ``shuffle_buffer_bytes``); the
+    per-sample path's batches."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rng = random.Random(9)
+    for i in range(120):
+        (raw / f"{i:03d}.jpg").write_bytes(rng.randbytes(rng.randrange(64 << 10, 90 << 10)))
+        (raw / f"{i:03d}.txt").write_bytes(b"t%d" % i)
+    shardprep.build(str(raw), str(tmp_path / "out"), shards=20, workers=1, progress=False,
+                    input_format="keyed")  # fmt: skip
+    out = tmp_path / "out"
+    kw = {"batch_size": 10, "block_size": 1, "shuffle_buffer_bytes": 4 << 20}
+    got, peak = [], 0
+    for batch in ShardDataset(str(out), **kw):
+        got.append(batch)
+        peak = max(peak, _open_in(out))
+    assert 8 < peak <= 20
+    _same(got, list(ShardDataset(str(out), **kw, transform=same)))
+    assert _left(out)
+
+
 # -------------------------------------------------------------------------- interrupts
 
 
