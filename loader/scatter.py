@@ -133,7 +133,15 @@ def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
     )
     for i in claim:  # (a C iterator: under the GIL, each index goes to one thread)
         views, wanted = views_of[i], sizes[i]
-        if positioned_read(files[i], views, starts[i], wanted) != wanted:
+        try:
+            got = positioned_read(files[i], views, starts[i], wanted)
+        except OSError as err:  # (EIO, ...) it names no file: name the shard and the bytes
+            raise OSError(
+                err.errno,
+                f"{err.strerror} (reading {wanted} bytes at offset {starts[i]})",
+                files[i].name,
+            ) from err
+        if got != wanted:
             return False
         h = xxhash.xxh3_64()  # seed 0, as shardprep.format.shardformat.payload_checksum
         for v in views:

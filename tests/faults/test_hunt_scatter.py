@@ -718,3 +718,32 @@ def test_memory_and_descriptors_are_flat_over_epochs(tmp_path: Path) -> None:
     assert len(rows) == 10
     assert len({fds for _, fds in rows}) == 1, rows
     assert rows[-1][0] - rows[1][0] < 48, rows
+
+
+def test_a_read_error_of_an_open_shard_names_it(
+    copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``OSError`` of ``os.preadv`` names no file (EIO from a disk, say): raised as the
+    same type naming the shard and the bytes it was reading. (A directory's descriptor in
+    place of shard 1's gives a real one: EISDIR.)"""
+    from loader.shardfiles import ShardFiles
+
+    directory = os.open(copy, os.O_RDONLY)
+    real = ShardFiles.get
+
+    def get(self: ShardFiles, shard: int) -> Any:
+        file = real(self, shard)
+        if file is not None and shard == 1:
+            file.fd = directory
+        return file
+
+    monkeypatch.setattr(ShardFiles, "get", get)
+    try:
+        with pytest.raises(IsADirectoryError) as info:
+            for _ in ShardDataset(str(copy), **KW):
+                pass
+        assert info.value.filename == str(copy / "shard-00001.tar")
+        assert re.search(r"\(reading \d+ bytes at offset \d+\)", str(info.value))
+        assert _until(lambda: not _splits())
+    finally:
+        os.close(directory)
