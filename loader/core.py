@@ -352,14 +352,12 @@ class ShardStream:
         return ShardReader(
             self.source,
             self.manifest,
-            self.read.verify,
-            self._expander(epoch),
-            self.read.checksums,
-            pool,
-            io,
-            self.read.mapped,
-            unread,
-            self._indexes,
+            read=self.read,
+            expand=self._expander(epoch),
+            pool=pool,
+            io=io,
+            unread=unread,
+            shared=self._indexes,
         )
 
     def _expander(

@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loader.errors import CorruptShardError, UnreachableError
+from loader.options import ReadOptions
 from loader.order import SampleRange
 from loader.shardfiles import ShardFiles, Unread, leaves_unread
 from loader.source import Source
@@ -88,6 +89,7 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 INDEX_CACHE = 4  # reweighting draws kept per worker
 PRECHECK_BYTES = 64 << 10  # a chunk's v3 samples this small on average are checked at once
+_READ = ReadOptions()
 INDEX_CACHE_BYTES = 16 << 20  # shard indexes kept per worker: ~72 B per sample of 2 members (the
 # 200k samples of the `small` benchmark in 16 shards take 13.7 MiB: all of them, none read twice)
 
@@ -635,18 +637,17 @@ class ShardReader:
         self,
         source: Source,
         manifest: Manifest,
-        verify: bool = False,
+        *,
+        read: ReadOptions = _READ,
         expand: Callable[[int, ShardIndex], tuple[IntArray, list[float] | None]] | None = None,
-        checksums: bool = True,
         pool: BufferPool | None = None,
         io: Callable[[ShardReader], RangeIO] | None = None,
-        mapped: bool = False,
         unread: bool = False,
         shared: Mapping[int, ShardIndex] | None = None,
     ) -> None:
-        """``checksums=False`` hands samples out without checking their member checksums
-        (everything else is still checked); for the rare job where that cost matters.
-        ``pool``: chunks may hold views: of the mapped shard with ``mapped`` (local plain
+        """``read``: how shards are checked and read (``checksums``, ``verify``, ``mapped``;
+        the other fields are the stream's). ``expand``: a shard's reweighted sequence.
+        ``pool``: chunks may hold views: of the mapped shard with ``read.mapped`` (local plain
         shards, see the module docstring), else of the pool's reused buffers.
         ``io``: makes, from this reader, where its shard and index bytes come from instead of
         reading them itself (``loader.prefetch.read_ahead``: the read-ahead, with the cache);
@@ -654,6 +655,7 @@ class ShardReader:
         ``unread``: a local uncompressed output's chunks of large samples are left unread,
         for batches that read their own samples (``loader.shardfiles``, ``loader.scatter``).
         ``shared``: indexes read and checked already (``checked_indexes``), used as they are."""
+        checksums, mapped = read.checksums, read.mapped
         self._source = source
         self._mapped = mapped
         self._pool = pool if not source.remote else None
@@ -661,7 +663,7 @@ class ShardReader:
         self._expand = expand
         self._expanded: dict[int, tuple[IntArray, list[float] | None]] = {}
         self._manifest = manifest
-        self._verify = verify
+        self._verify = read.verify
         self._verified: set[int] = set()
         self._shared = shared or {}
         self._indexes: OrderedDict[int, tuple[ShardIndex, int]] = OrderedDict()

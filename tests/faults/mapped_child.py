@@ -15,6 +15,7 @@ import os
 import sys
 
 from loader.errors import CorruptShardError
+from loader.options import ReadOptions
 from loader.order import SampleRange
 from loader.read import BufferPool, ShardReader
 from loader.source import Source
@@ -23,7 +24,9 @@ from loader.source import Source
 def _reader(out: str) -> ShardReader:
     source = Source(out)
     mapped = os.environ.get("MAPPED_CHILD_MAPS", "1") == "1"  # the test's switch, not the loader's
-    return ShardReader(source, source.manifest(), pool=BufferPool(), mapped=mapped)
+    return ShardReader(
+        source, source.manifest(), pool=BufferPool(), read=ReadOptions(mapped=mapped)
+    )
 
 
 def _kind(data: bytes | memoryview) -> str:

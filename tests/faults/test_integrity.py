@@ -211,7 +211,10 @@ def test_checksums_can_be_turned_off_on_the_reader(built: Path, tmp_path: Path) 
     _flip(out / "shard-00004.tar", offset)
     source = Source(str(out))
     piece = SampleRange(4, 0, index.num_samples, False)
-    readers = [ShardReader(source, source.manifest(), checksums=flag) for flag in (True, False)]
+    readers = [
+        ShardReader(source, source.manifest(), read=ReadOptions(checksums=flag))
+        for flag in (True, False)
+    ]
     try:
         checked, unchecked = (reader.read(piece) for reader in readers)
     finally:

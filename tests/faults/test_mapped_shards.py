@@ -34,7 +34,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 def _reader(out: Path) -> ShardReader:
     source = Source(str(out))
-    return ShardReader(source, source.manifest(), pool=BufferPool(), mapped=True)
+    return ShardReader(source, source.manifest(), pool=BufferPool(), read=ReadOptions(mapped=True))
 
 
 def _child(action: str, out: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
