@@ -687,7 +687,6 @@ class ShardReader:
             if unread and self.io is None and leaves_unread(source, manifest, checksums, mapped)
             else None
         )
-        self._unread_window = False  # the window being read is left unread
 
     def index(self, shard: int) -> ShardIndex:
         """The sidecar index of ``shard``, checked before it is used.
@@ -753,8 +752,7 @@ class ShardReader:
         """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them;
         a window of large samples may be left unread instead (``unread``)."""
         if self._pool is not None and not self._maps() and self.io is None:
-            self._unread_window = self._files is not None
-            if not self._unread_window:
+            if self._files is None:  # (windows left unread need no buffer)
                 self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
 
     def _maps(self) -> bool:
@@ -822,11 +820,11 @@ class ShardReader:
         offsets = index.sample_offset
         if self._zstd is None:
             begin, end = int(offsets[piece.start]), int(offsets[piece.stop])
-            if self._unread_window and index.version != 2:
+            if self._files is not None and index.version != 2:
                 unread = self._unread(piece, begin, end - begin)
                 if unread is not None:
                     return self._chunk(unread, begin, index, piece, shard, selection, extra)
-            pool = None if self._unread_window else self._pool
+            pool = self._pool if self._files is None else None
             data = self._read_whole(piece, begin, end - begin, pool)
             return _headers_checked(self._chunk(data, begin, index, piece, shard, selection, extra))
         frames, frame_offset = index.frame_sample, index.frame_offset
