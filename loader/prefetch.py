@@ -74,7 +74,6 @@ INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
 AUTO_REQUESTS = 16  # max_requests=None: requests in flight per DataLoader, split between workers
 MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
 MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
-MIN_FIRST_PART_BYTES = 256 << 10  # the first window's parts: not smaller (a round trip each)
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
 THREAD_NAME = "shardprep-read-ahead"
@@ -130,13 +129,11 @@ class ReadPlan:
 
     ``reads(reader)``: its reads (spans come from the reader's indexes);
     ``shards()``: the shards it reads, in order (repeats allowed), for the index files
-    fetched ahead; ``first_bytes``: about how many bytes the reader needs before it hands out
-    anything (its first window; 0: unknown), fetched spread over every request in flight.
+    fetched ahead.
     """
 
     reads: Callable[[ShardReader], Iterator[Read]]
     shards: Callable[[], Iterator[int]]
-    first_bytes: int = 0
 
 
 def window_plan(pieces: list[SampleRange], skip: int, max_samples: int, max_bytes: int) -> ReadPlan:
@@ -144,7 +141,6 @@ def window_plan(pieces: list[SampleRange], skip: int, max_samples: int, max_byte
     return ReadPlan(
         lambda reader: planned_reads(pieces, reader, skip, max_samples, max_bytes),
         lambda: (piece.shard for piece in pieces),
-        max_bytes,
     )
 
 
@@ -175,17 +171,6 @@ def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
     requests = max(MIN_AUTO_REQUESTS, AUTO_REQUESTS // max(1, workers))
     share = max(MIN_AUTO_REQUEST_BYTES, options.read_ahead_bytes // requests)
     return requests, min(options.request_bytes, share)
-
-
-def first_part_bytes(first_bytes: int, requests: int, request_bytes: int) -> int:
-    """The size of the parts the first ``first_bytes`` of a read-ahead are fetched in: spread
-    over the ``requests`` in flight (not under ``MIN_FIRST_PART_BYTES``, never over
-    ``request_bytes``), so that the first window comes in on every connection at once instead
-    of on a few while the others fetch what is read later. 0: no first window (``request_bytes``
-    throughout)."""
-    if first_bytes <= 0:
-        return request_bytes
-    return min(request_bytes, max(MIN_FIRST_PART_BYTES, -(-first_bytes // requests)))
 
 
 def dataloader_workers() -> int:
@@ -339,13 +324,9 @@ class ReadAhead:
         shard_order: Iterable[int],
         options: RemoteOptions,
         cache: Any = None,
-        first_bytes: int = 0,
     ) -> None:
         self._source, self._manifest, self._options = source, manifest, options
         requests, self._request_bytes = concurrency(options, dataloader_workers())
-        # the first ``first_bytes`` are fetched in smaller parts, one on each thread
-        self._first_left = first_bytes
-        self._first_part = first_part_bytes(first_bytes, requests, self._request_bytes)
         self._groups = plan_groups(reads, self._request_bytes)
         self._cache = cache  # a loader.cache.ShardCache, or None: stream into memory
         self._pool = _Pool(requests)
@@ -486,19 +467,15 @@ class ReadAhead:
                 )
 
             return [(group.start, self._pool.submit(cached))]
-        parts = []
-        start = group.start
-        while True:
-            step = self._request_bytes if self._first_left <= 0 else self._first_part
-            end = max(start, min(start + step, stop))  # start: past the file's end, no bytes
-            # the first window is as urgent as an index: ahead of the indexes fetched for later
-            urgent = 0 if self._first_left > 0 else 1
-            job = self._pool.submit(partial(self._fetch, entry.file, start, end), urgent)
-            parts.append((start, job))
-            self._first_left -= end - start
-            start = end
-            if start >= stop:
-                return parts
+        step = self._request_bytes
+        starts = range(group.start, max(stop, group.start + 1), step)
+        return [
+            (
+                start,
+                self._pool.submit(partial(self._fetch, entry.file, start, min(start + step, stop))),
+            )
+            for start in starts
+        ]
 
     def _fetch(self, name: str, start: int, stop: int) -> bytes:
         return self._source.fetch(name, start, stop) if stop > start else b""
@@ -567,9 +544,7 @@ def read_ahead(
         options = _replace_read_ahead(options)
 
     def make(reader: ShardReader) -> RangeIO:
-        return ReadAhead(
-            source, manifest, plan.reads(reader), plan.shards(), options, cache, plan.first_bytes
-        )
+        return ReadAhead(source, manifest, plan.reads(reader), plan.shards(), options, cache)
 
     return make
 

@@ -1,88 +1,18 @@
-"""The time to the first batch of a remote epoch: the first window comes in over every request
-in flight, the first group is planned without waiting for the next shard's index, and the
-read-ahead threads start without holding up the reader (against a real S3 server, moto, through
-the counting proxy of ``tests.s3``)."""
+"""The time to the first batch of a remote epoch: the first group is planned without waiting for
+the next shard's index, and the read-ahead threads start without holding up the reader, all
+of them, and stop on close even while they are still being started."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("obstore")
+from loader.prefetch import THREAD_NAME, Read, _Pool, plan_groups
 
-import shardprep  # noqa: E402
-from loader.prefetch import (  # noqa: E402
-    MIN_FIRST_PART_BYTES,
-    THREAD_NAME,
-    Read,
-    ReadAhead,
-    _Pool,
-    first_part_bytes,
-    plan_groups,
-)
-from loader.source import RemoteOptions, Source  # noqa: E402
-from tests.conftest import write_class_folders  # noqa: E402
-from tests.s3 import Proxy, S3Server  # noqa: E402
-
-MIB = 1 << 20
 DEADLINE_S = 60.0
-
-
-def _gets(proxy: Proxy, since: int, suffix: str) -> int:
-    lines = [r.split("?")[0] for r in proxy.requests[since:]]
-    return sum(1 for r in lines if r.startswith("GET ") and r.endswith(suffix))
-
-
-@pytest.fixture(scope="module")
-def big_shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One plain shard of several MiB (samples of up to ~1.6 MB)."""
-    base = tmp_path_factory.mktemp("first_window")
-    raw = write_class_folders(base / "raw", {"a": 14}, repeat=2000)
-    shardprep.build(str(raw), str(base / "out"), shards=1, workers=1, progress=False)
-    return base / "out"
-
-
-def test_first_part_bytes() -> None:
-    # the first 16 MiB window over 16 requests of 4 MiB: 16 parts of 1 MiB
-    assert first_part_bytes(16 * MIB, 16, 4 * MIB) == MIB
-    assert first_part_bytes(16 * MIB, 8, 8 * MIB) == 2 * MIB  # 2 workers: 8 of 2 MiB each
-    assert first_part_bytes(16 * MIB + 1, 16, 4 * MIB) == MIB + 1  # rounded up, not a 17th
-    assert first_part_bytes(MIB, 16, 4 * MIB) == MIN_FIRST_PART_BYTES  # not under a floor
-    assert first_part_bytes(64 * MIB, 4, 8 * MIB) == 8 * MIB  # never over request_bytes
-    assert first_part_bytes(0, 16, 4 * MIB) == 4 * MIB  # no first window: request_bytes
-
-
-@pytest.mark.parametrize(("first_bytes", "first_gets"), [(2 * MIB, 4), (0, 1)])
-def test_first_window_comes_in_on_every_request(
-    s3: S3Server, bucket: str, proxy: Proxy, big_shard: Path, first_bytes: int, first_gets: int
-) -> None:
-    import fsspec
-
-    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
-    fs.put(str(big_shard), f"{bucket}/out", recursive=True)
-    options = RemoteOptions(
-        storage_options=s3.storage_options(proxy.endpoint), max_requests=4, request_bytes=2 * MIB
-    )
-    source = Source(f"s3://{bucket}/out", options)
-    manifest = Source(str(big_shard)).manifest()
-    entry = manifest.shards[0]
-    assert entry.num_bytes > 4 * MIB
-    local = (big_shard / entry.file).read_bytes()
-    reads = [Read(0, 0, 2 * MIB), Read(0, 2 * MIB, 2 * MIB)]  # two windows of one request each
-    since = len(proxy.requests)
-    ahead = ReadAhead(source, manifest, iter(reads), [0], options, first_bytes=first_bytes)
-    try:
-        got = [bytes(ahead.read(r.shard, r.offset, r.size)) for r in reads]
-    finally:
-        ahead.close()
-    assert got == [local[r.offset : r.stop] for r in reads]
-    # the first window: 4 GETs of 512 KiB (one per request in flight), or one of 2 MiB
-    assert _gets(proxy, since, "/" + entry.file) == first_gets + 1
-    assert ahead.misses == 0
 
 
 def test_a_read_larger_than_a_request_is_planned_at_once() -> None:
