@@ -47,7 +47,7 @@ from loader.partition import (
 from loader.prefetch import ReadPlan, read_ahead, window_plan
 from loader.read import BufferPool, ShardReader, checked_indexes
 from loader.reweight import Reweighting
-from loader.shardfiles import leaves_unread
+from loader.shardfiles import large_samples, leaves_unread
 from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
 from loader.source import Source
 from loader.state import STATE_VERSION
@@ -234,7 +234,9 @@ class ShardStream:
         plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
         # (a local output's next window is read and checked ahead on one thread instead)
         ahead = window_reads(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
-        reader = self.reader(epoch, BufferPool(), plan, ahead, unread=gather)
+        # (alone in its process, the reader shares its local reads with one more thread)
+        alone = world.num_workers == 1
+        reader = self.reader(epoch, BufferPool(), plan, ahead, unread=gather, split=alone)
         try:
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
@@ -335,6 +337,7 @@ class ShardStream:
         plan: ReadPlan | None = None,
         windows: WindowPlan | None = None,
         unread: bool = False,
+        split: bool = False,
     ) -> ShardReader:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
@@ -347,7 +350,8 @@ class ShardStream:
         io = None if plan is None else read_ahead(self.source, self.manifest, plan)
         read = self.read
         unread = unread and leaves_unread(self.source, self.manifest, read.checksums, read.mapped)
-        if io is None and windows is not None and not unread:
+        # the per-sample path of a local output of large samples: the next window read ahead
+        if io is None and windows is not None and not unread and large_samples(self.manifest):
             io = local_ahead(self.source, self.manifest, self.read.mapped, windows)
         return ShardReader(
             self.source,
@@ -358,6 +362,7 @@ class ShardStream:
             io=io,
             unread=unread,
             shared=self._indexes,
+            split=split,
         )
 
     def _expander(

@@ -54,7 +54,7 @@ import numpy.typing as npt
 from loader.errors import CorruptShardError, UnreachableError
 from loader.options import ReadOptions
 from loader.order import SampleRange
-from loader.shardfiles import ShardFiles, Unread, leaves_unread
+from loader.shardfiles import SPLIT_BYTES, ShardFiles, SplitReads, Unread, leaves_unread
 from loader.source import Source
 from shardprep.format.errors import ChecksumMismatchError, ManifestError
 from shardprep.format.integrity import (
@@ -644,6 +644,7 @@ class ShardReader:
         io: Callable[[ShardReader], RangeIO] | None = None,
         unread: bool = False,
         shared: Mapping[int, ShardIndex] | None = None,
+        split: bool = False,
     ) -> None:
         """``read``: how shards are checked and read (``checksums``, ``verify``, ``mapped``;
         the other fields are the stream's). ``expand``: a shard's reweighted sequence.
@@ -654,7 +655,10 @@ class ShardReader:
         it gets the reader because a read plan needs the reader's indexes.
         ``unread``: a local uncompressed output's chunks of large samples are left unread,
         for batches that read their own samples (``loader.shardfiles``, ``loader.scatter``).
-        ``shared``: indexes read and checked already (``checked_indexes``), used as they are."""
+        ``shared``: indexes read and checked already (``checked_indexes``), used as they are.
+        ``split``: this reader is alone in its process (in process, or a DataLoader's only
+        worker): a local output's reads are shared with one more thread
+        (``loader.shardfiles.SplitReads``)."""
         checksums, mapped = read.checksums, read.mapped
         self._source = source
         self._mapped = mapped
@@ -682,8 +686,9 @@ class ShardReader:
             self._zstd = zstandard.ZstdDecompressor()
         # where shard and index bytes come from when not read here: read-ahead or a local cache
         self.io: RangeIO | None = None if io is None else io(self)
+        self._split = SplitReads() if split and not source.remote else None
         self._files = (
-            ShardFiles(source, manifest)
+            ShardFiles(source, manifest, self._split)
             if unread and self.io is None and leaves_unread(source, manifest, checksums, mapped)
             else None
         )
@@ -751,9 +756,9 @@ class ShardReader:
     def start_window(self, pieces: list[SampleRange]) -> None:
         """The next reads are the window ``pieces``: with a buffer pool, one buffer holds them;
         a window of large samples may be left unread instead (``unread``)."""
-        if self._pool is not None and not self._maps() and self.io is None:
-            if self._files is None:  # (windows left unread need no buffer)
-                self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
+        unread = self._files is not None  # (windows left unread need no buffer)
+        if self._pool is not None and not self._maps() and self.io is None and not unread:
+            self._pool.start(sum(int(self.sample_sizes(p).sum()) for p in pieces))
 
     def _maps(self) -> bool:
         """Whether this reader maps its shards (local, uncompressed, chunks may hold views)."""
@@ -942,6 +947,8 @@ class ShardReader:
             if pool is None:
                 return self._file.read(wanted)
             buffer = pool.take(wanted)
+            if self._split is not None and wanted >= SPLIT_BYTES:  # two threads copy at once
+                return buffer[: self._split.read_into(self._file.fileno(), buffer, offset)]
             return buffer[: self._file.readinto(buffer)]  # type: ignore[attr-defined]
 
         try:
@@ -1002,8 +1009,12 @@ class ShardReader:
     def close(self) -> None:
         """Close the open shard files and the read-ahead (its threads), if any."""
         self._close_file()
-        if self._files is not None:
-            self._files.close()
+        try:
+            if self._split is not None:
+                self._split.close()
+        finally:  # (a Ctrl-C in the thread's join still closes the files)
+            if self._files is not None:
+                self._files.close()
         if self.io is not None:
             self.io.close()
 

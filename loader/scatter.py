@@ -134,7 +134,7 @@ def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
     for i in claim:  # (a C iterator: under the GIL, each index goes to one thread)
         views, wanted = views_of[i], sizes[i]
         try:
-            got = positioned_read(files[i], views, starts[i], wanted)
+            got = positioned_read(files[i].fd, views, starts[i], wanted)
         except OSError as err:  # (EIO, ...) it names no file: name the shard and the bytes
             raise OSError(
                 err.errno,
@@ -199,7 +199,7 @@ def gather_fields(
         outs.append(out)
         ends.append(offsets)
     reads = _plan(segments, members, outs, ends)
-    if split is None and arena is None:  # in process: two threads copy (in a worker, one)
+    if split is None:  # the reader's second thread, if it has one (alone in its process)
         unread = segments[0][0].unread
         split = unread[0].files.split if unread else None
     count = len(reads.files) if reads is not None else 0

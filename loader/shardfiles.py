@@ -35,8 +35,10 @@ __all__ = [
     "UNREAD_SAMPLE_BYTES",
     "ShardFile",
     "ShardFiles",
+    "SPLIT_BYTES",
     "SplitReads",
     "Unread",
+    "large_samples",
     "leaves_unread",
     "positioned_read",
 ]
@@ -47,17 +49,22 @@ THREAD_NAME = "shardprep-split-read"
 WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead of waiting forever
 JOIN_TIMEOUT_S = 5.0
 SPLIT_MIN = 8  # batches of fewer samples are read on the calling thread alone
+SPLIT_BYTES = 1 << 20  # a window read this large is shared between the threads in parts this size
+
+
+def large_samples(manifest: Manifest) -> bool:
+    """Whether the output's samples average ``UNREAD_SAMPLE_BYTES`` or more (decided for the
+    whole output, so every window and epoch reads the same way)."""
+    total = sum(s.num_bytes for s in manifest.shards)
+    return total >= UNREAD_SAMPLE_BYTES * max(manifest.num_samples, 1)
 
 
 def leaves_unread(source: Source, manifest: Manifest, checksums: bool, mapped: bool) -> bool:
     """Whether a batch reader of this output leaves its windows unread: a local, uncompressed
-    output whose samples average ``UNREAD_SAMPLE_BYTES`` or more (decided for the whole output,
-    so every window and epoch reads the same way), read with checksums and without ``mmap``."""
+    output of large samples (``large_samples``), read with checksums and without ``mmap``."""
     if source.remote or manifest.compression == "zstd" or not checksums or mapped:
         return False
-    return sum(s.num_bytes for s in manifest.shards) >= UNREAD_SAMPLE_BYTES * max(
-        manifest.num_samples, 1
-    )
+    return large_samples(manifest)
 
 
 class ShardFile:
@@ -100,14 +107,14 @@ class ShardFiles:
     """The shards of one local, uncompressed output, opened on demand (at most
     ``OPEN_FILES`` kept; least recently used closed first once no chunk holds it)."""
 
-    def __init__(self, source: Source, manifest: Manifest) -> None:
+    def __init__(self, source: Source, manifest: Manifest, split: SplitReads | None) -> None:
         self._source, self._manifest = source, manifest
         self._open: OrderedDict[int, ShardFile] = OrderedDict()
         self._all: weakref.WeakSet[ShardFile] = weakref.WeakSet()
         # every shard open here that a chunk still holds: opened once, however many hold it
         self._held: weakref.WeakValueDictionary[int, ShardFile] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
-        self.split = SplitReads()  # a batch's reads on two threads, in process
+        self.split = split  # a batch's reads shared with one more thread (the reader's), if any
 
     def get(self, shard: int) -> ShardFile | None:
         """Shard ``shard`` open; None where its size is not the manifest's (it is then read
@@ -140,22 +147,19 @@ class ShardFiles:
             self._open.popitem(last=False)  # closed when the last chunk holding it goes
 
     def close(self) -> None:
-        """Stop the reading thread; close every shard file opened here, held by a chunk or not."""
-        try:
-            self.split.close()
-        finally:  # (a Ctrl-C in the thread's join still closes the files)
-            self._open.clear()
-            self._held.clear()
-            with self._lock:
-                files = list(self._all)
-            for file in files:
-                file.close()
+        """Close every shard file opened here, held by a chunk or not."""
+        self._open.clear()
+        self._held.clear()
+        with self._lock:
+            files = list(self._all)
+        for file in files:
+            file.close()
 
 
-def positioned_read(file: ShardFile, views: Sequence[memoryview], offset: int, total: int) -> int:
+def positioned_read(fd: int, views: Sequence[memoryview], offset: int, total: int) -> int:
     """``os.preadv`` of ``views`` (``total`` bytes together) from ``offset``, resumed after a
     short read until the file ends; the bytes read."""
-    done = os.preadv(file.fd, views, offset)
+    done = os.preadv(fd, views, offset)
     while done < total:
         rest, skip = [], done
         for v in views:
@@ -164,7 +168,7 @@ def positioned_read(file: ShardFile, views: Sequence[memoryview], offset: int, t
                 continue
             rest.append(v[skip:])
             skip = 0
-        got = os.preadv(file.fd, rest, offset + done)
+        got = os.preadv(fd, rest, offset + done)
         if got == 0:
             break
         done += got
@@ -172,7 +176,9 @@ def positioned_read(file: ShardFile, views: Sequence[memoryview], offset: int, t
 
 
 class SplitReads:
-    """A batch's positioned reads shared between the calling thread and one more.
+    """A reader's positioned reads shared between the calling thread and one more, where the
+    reader is alone in its process (in process, or a DataLoader's only worker): a batch's
+    samples (``loader.scatter``), or a window's bytes in two halves (``read_into``).
 
     ``os.preadv`` releases the GIL while the kernel copies out of the page cache, so two
     threads copy at once on two cores; the checksums (``xxh3``, fast next to the copy) follow
@@ -185,8 +191,7 @@ class SplitReads:
         self._thread: threading.Thread | None = None
         self._pid = -1
         self._getpid = os.getpid  # (still there when a generator is closed at interpreter exit)
-        self._jobs: queue.SimpleQueue[Callable[[], bool] | None]
-        self._done: queue.SimpleQueue[bool | BaseException]
+        self._jobs: queue.SimpleQueue[_Job | None]
 
     def __call__(self, work: Callable[[], bool], count: int) -> bool:
         """``work()`` on this thread and on the other at once (they share ``count`` reads
@@ -197,27 +202,59 @@ class SplitReads:
         """
         if count < SPLIT_MIN:
             return work()
+        return self._both(work)
+
+    def read_into(self, fd: int, view: memoryview, offset: int) -> int:
+        """``len(view)`` bytes of ``fd`` from ``offset`` into ``view``, in parts of
+        ``SPLIT_BYTES`` that the two threads take in turn; the bytes read (fewer where the
+        file ends)."""
+        bounds = list(range(0, len(view), SPLIT_BYTES)) + [len(view)]
+        got = [0] * (len(bounds) - 1)
+        claim = iter(range(len(got)))
+
+        def work() -> bool:
+            for i in claim:
+                a, b = bounds[i], bounds[i + 1]
+                got[i] = positioned_read(fd, (view[a:b],), offset + a, b - a)
+            return True
+
+        self._both(work)
+        done = 0
+        for i, n in enumerate(got):
+            done += n
+            if n < bounds[i + 1] - bounds[i]:
+                break  # the file ends here
+        return done
+
+    def _both(self, work: Callable[[], bool]) -> bool:
+        """``work()`` here and, if it takes the job in time, on the other thread."""
         if self._thread is None or self._pid != os.getpid():
             self._start()
-        self._jobs.put(work)
+        job = _Job(work)
+        self._jobs.put(job)
         try:
             mine = work()
         finally:
-            try:
-                theirs = self._done.get(timeout=WAIT_S)
-            except queue.Empty:
+            with job.lock:  # not taken yet (its thread busy or asleep): withdrawn, all done here
+                taken = job.state == TAKEN
+                if not taken:
+                    job.state = WITHDRAWN
+            if taken and not job.done.wait(WAIT_S):
                 raise TimeoutError(
                     f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: "
                     "is the file system hung?"
-                ) from None
+                )
+        if not taken:
+            return mine
+        theirs = job.result
         if isinstance(theirs, BaseException):
             raise theirs
-        return mine and theirs
+        return mine and bool(theirs)
 
     def _start(self) -> None:
-        self._jobs, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+        self._jobs = queue.SimpleQueue()
         self._thread = threading.Thread(
-            target=_serve, args=(self._jobs, self._done), name=THREAD_NAME, daemon=True
+            target=_serve, args=(self._jobs,), name=THREAD_NAME, daemon=True
         )
         self._pid = os.getpid()
         self._thread.start()
@@ -232,12 +269,32 @@ class SplitReads:
                 thread.join(JOIN_TIMEOUT_S)
 
 
-def _serve(
-    jobs: queue.SimpleQueue[Callable[[], bool] | None],
-    done: queue.SimpleQueue[bool | BaseException],
-) -> None:
-    while (work := jobs.get()) is not None:
+QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
+
+
+class _Job:
+    """One ``work`` offered to the other thread: taken by it, or withdrawn by the caller once
+    it has done all the work itself (never both: ``lock``)."""
+
+    __slots__ = ("done", "lock", "result", "state", "work")
+
+    def __init__(self, work: Callable[[], bool]) -> None:
+        self.work = work
+        self.state = QUEUED
+        self.result: bool | BaseException = False
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        with job.lock:
+            if job.state == WITHDRAWN:
+                continue
+            job.state = TAKEN
         try:
-            done.put(work())
+            job.result = job.work()
         except BaseException as err:  # handed to the caller, which raises it
-            done.put(err)
+            job.result = err
+        finally:
+            job.done.set()

@@ -507,8 +507,8 @@ print("THREADS", len(threading.enumerate()))
 def test_the_output_folder_made_unreadable_mid_epoch(copy: Path) -> None:
     """``chmod 000`` of the output folder after batch 2, in a process without the capabilities
     that let root ignore it: the next open fails naming its file (the thread's of
-    shard-00001.tar; or, if the thread opened that before the chmod, the reader's of the next
-    index), no thread is left."""
+    shard-00001.tar, or of shard-00002.tar if it opened that one before the chmod), no thread
+    is left."""
     drop = "-dac_override,-dac_read_search"
     command = ["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}"]
     command += [sys.executable, "-c", CHILD_CHMOD, str(copy)]
@@ -516,10 +516,11 @@ def test_the_output_folder_made_unreadable_mid_epoch(copy: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1:] == ["THREADS 1"], done.stdout
+    # (the indexes were read and checked when the dataset was made: the next shard opened,
+    # on the thread or by the reader, is the one named)
     assert lines[0] in (
-        f"RAISED PermissionError [Errno 13] Permission denied: '{copy}/shard-00001.tar'",
-        f"RAISED ManifestError {copy}/shard-00002.idx: cannot read ([Errno 13] Permission "
-        f"denied: '{copy}/shard-00002.idx')",
+        f"RAISED PermissionError [Errno 13] Permission denied: '{copy}/shard-0000{n}.tar'"
+        for n in (1, 2)
     ), done.stdout
 
 
