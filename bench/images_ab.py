@@ -61,19 +61,19 @@ def child(system: str, out: str, workers: int) -> None:
     import torch.utils.data  # noqa: F401
 
     if system.startswith("shardprep"):
-        import loader  # noqa: F401
+        from torch.utils.data import DataLoader
+
+        from loader import ShardDataset  # (lazy in ``loader``: imported here, untimed)
     else:
+        import cloudpickle  # noqa: F401  (LitData imports these two inside its first epoch)
         import litdata  # noqa: F401
+        import pyarrow  # noqa: F401
 
         from bench.peers import litdata_
         from bench.peers.common import collate
     t0, c0 = time.perf_counter(), os.times()
     n = nbytes = 0
     if system.startswith("shardprep"):
-        from torch.utils.data import DataLoader
-
-        from loader import ShardDataset
-
         ds = ShardDataset(out, seed=0, batch_size=64)
         for batch in DataLoader(ds, batch_size=None, num_workers=workers):
             packed = batch["jpg"]
