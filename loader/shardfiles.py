@@ -244,6 +244,10 @@ class SplitReads:
                     f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: "
                     "is the file system hung?"
                 )
+            # the work holds views of the caller's buffers: a job left in the queue or in the
+            # other thread's last binding must not keep them (a pool or a recycler reuses a
+            # buffer only once no view of it is left)
+            job.work = _done
         if not taken:
             return mine
         theirs = job.result
@@ -270,6 +274,10 @@ class SplitReads:
 
 
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
+
+
+def _done() -> bool:
+    return True
 
 
 class _Job:

@@ -154,3 +154,23 @@ def test_a_shard_truncated_under_a_read_in_parts_is_named(small: Path, tmp_path:
         for _ in ShardDataset(str(out), **KW):
             pass
     assert _until(lambda: not _splits())
+
+
+def test_no_view_of_the_callers_buffer_is_kept(tmp_path: Path) -> None:
+    """Once a read returns, neither thread holds a view of the caller's buffer (a window
+    buffer is reused, and a batch buffer recycled, only once no view of it is left: a view
+    kept by the other thread's last job doubled the `small` epoch's window memory)."""
+    path = tmp_path / "blob"
+    path.write_bytes(random.Random(2).randbytes(4 * SPLIT_BYTES))
+    split = SplitReads()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(3):
+            buffer = bytearray(4 * SPLIT_BYTES)
+            view = memoryview(buffer)  # (as the reader's pool hands it out: not released)
+            assert split.read_into(fd, view, 0) == 4 * SPLIT_BYTES
+            del view
+            buffer.extend(b"x")  # BufferError while any view of it is alive
+    finally:
+        split.close()
+        os.close(fd)
