@@ -27,13 +27,20 @@ import torch
 import xxhash
 
 from loader.batch import SHARE_BYTES, Packed
-from loader.shardfiles import ShardFile, Unread, positioned_read
+from loader.shardfiles import SPLIT_MIN, Job, ShardFile, SplitReads, Unread, positioned_read
 
 if TYPE_CHECKING:
     from loader.arena import Arena
     from loader.assemble import Recycler, Window
 
-__all__ = ["gather_fields", "unread_of"]
+__all__ = [
+    "Started",
+    "abandon_fields",
+    "finish_fields",
+    "gather_fields",
+    "start_fields",
+    "unread_of",
+]
 
 IntArray = npt.NDArray[np.int64]
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # the iovecs one os.preadv takes (1024 on Linux)
@@ -151,21 +158,41 @@ def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
     return True
 
 
-def gather_fields(
+class Started:
+    """A batch's reads under way (``start_fields``): its packed fields, the work that reads
+    and checks its samples, and the job offered to the reader's other thread (None: the
+    caller reads them all in ``finish_fields``)."""
+
+    __slots__ = ("arena", "claim", "job", "packs", "split", "work")
+
+    def __init__(
+        self,
+        packs: list[Packed],
+        claim: Iterator[int],
+        work: Callable[[], bool],
+        split: SplitReads | None,
+        job: Job | None,
+        arena: Arena | None,
+    ) -> None:
+        self.packs, self.claim, self.work = packs, claim, work
+        self.split, self.job, self.arena = split, job, arena
+
+
+def start_fields(
     segments: list[tuple[Window, IntArray]],
     members: list[IntArray],
     arena: Arena | None,
     recycler: Recycler | None,
-    split: Callable[[Callable[[], bool], int], bool] | None = None,
-) -> list[Packed] | None:
-    """Each field's payloads of a batch of unread windows' samples, packed and checked.
+) -> Started | None:
+    """Each field's buffer of a batch of unread windows' samples, and their reads begun: offered
+    to the reader's other thread if it has one (it starts at once if free); None if a sample's
+    bytes are not exactly its headers and members (the caller reads the windows whole).
 
     ``members``: per segment, its samples' member numbers, one column per field in file
     order. A large field goes to ``arena`` (a DataLoader worker's ring: committed, its
-    ticket crossing) or ``recycler`` (the main process), a small one to fresh bytes.
-    ``split(work, count)`` may run ``work`` on several threads at once, which then share the
-    ``count`` samples between them; it returns whether every ``work`` succeeded. None where a sample is
-    cut short or fails its checksum, after giving back what was taken from ``arena``.
+    ticket crossing) or ``recycler`` (the main process), a small one to fresh bytes. Every
+    ``Started`` must be finished (``finish_fields``) before its buffers are dropped: the other
+    thread may be writing into them.
     """
     width = members[0].shape[1]
     packs: list[Packed] = []
@@ -199,20 +226,60 @@ def gather_fields(
         outs.append(out)
         ends.append(offsets)
     reads = _plan(segments, members, outs, ends)
-    if split is None:  # the reader's second thread, if it has one (alone in its process)
-        unread = segments[0][0].unread
-        split = unread[0].files.split if unread else None
-    count = len(reads.files) if reads is not None else 0
     if reads is None:
-        ok = False
-    else:
-        claim = iter(range(count))
-        work = partial(_read_checked, reads, claim)
-        ok = split(work, count) if split is not None else work()
-    if ok:
-        return packs
+        _give_back(packs, arena)
+        return None
+    count = len(reads.files)
+    claim = iter(range(count))
+    work = partial(_read_checked, reads, claim)
+    unread = segments[0][0].unread
+    split = unread[0].files.split if unread else None  # (alone in its process: two threads)
+    job = split.offer(work) if split is not None and count >= SPLIT_MIN else None
+    return Started(packs, claim, work, split, job, arena)
+
+
+def finish_fields(started: Started) -> list[Packed] | None:
+    """The batch's fields once every sample is read and checked (on this thread, and on the
+    other for what it took); None where a sample is cut short or fails its checksum, after
+    giving back what was taken from the arena. Raises what a read raised, on either thread."""
+    try:
+        mine = started.work()
+    finally:
+        theirs = None
+        if started.split is not None and started.job is not None:
+            theirs = started.split.settle(started.job)
+    if isinstance(theirs, BaseException):
+        raise theirs
+    if mine and theirs is not False:
+        return started.packs
+    _give_back(started.packs, started.arena)
+    return None
+
+
+def abandon_fields(started: Started) -> None:
+    """A begun batch no longer wanted (its epoch left): the samples not yet taken are taken
+    from the other thread, and this returns once that thread is out of the batch's buffers
+    (they may be reused as soon as they are dropped)."""
+    for _ in started.claim:
+        pass
+    if started.split is not None and started.job is not None:
+        started.split.settle(started.job)
+    _give_back(started.packs, started.arena)
+
+
+def gather_fields(
+    segments: list[tuple[Window, IntArray]],
+    members: list[IntArray],
+    arena: Arena | None,
+    recycler: Recycler | None,
+) -> list[Packed] | None:
+    """``start_fields`` and ``finish_fields`` at once."""
+    started = start_fields(segments, members, arena, recycler)
+    return None if started is None else finish_fields(started)
+
+
+def _give_back(packs: list[Packed], arena: Arena | None) -> None:
     if arena is not None:
         for packed in reversed(packs):
             if packed._ticket is not None:
                 arena.withdraw(packed._ticket)
-    return None

@@ -191,7 +191,7 @@ class SplitReads:
         self._thread: threading.Thread | None = None
         self._pid = -1
         self._getpid = os.getpid  # (still there when a generator is closed at interpreter exit)
-        self._jobs: queue.SimpleQueue[_Job | None]
+        self._jobs: queue.SimpleQueue[Job | None]
 
     def __call__(self, work: Callable[[], bool], count: int) -> bool:
         """``work()`` on this thread and on the other at once (they share ``count`` reads
@@ -228,32 +228,47 @@ class SplitReads:
 
     def _both(self, work: Callable[[], bool]) -> bool:
         """``work()`` here and, if it takes the job in time, on the other thread."""
-        if self._thread is None or self._pid != os.getpid():
-            self._start()
-        job = _Job(work)
-        self._jobs.put(job)
+        job = self.offer(work)
         try:
             mine = work()
         finally:
-            with job.lock:  # not taken yet (its thread busy or asleep): withdrawn, all done here
-                taken = job.state == TAKEN
-                if not taken:
-                    job.state = WITHDRAWN
+            theirs = self.settle(job)
+        if isinstance(theirs, BaseException):
+            raise theirs
+        return mine and theirs is not False
+
+    def offer(self, work: Callable[[], bool]) -> Job:
+        """Offer ``work`` to the other thread, which starts it as soon as it is free; the
+        caller then runs ``work`` itself too and ends with ``settle``."""
+        if self._thread is None or self._pid != os.getpid():
+            self._start()
+        job = Job(work)
+        self._jobs.put(job)
+        return job
+
+    def settle(self, job: Job) -> bool | BaseException | None:
+        """After the caller's own ``work()``: what the other thread's returned (or raised),
+        once it has; None if it had not taken the job (withdrawn: the caller did it all).
+
+        Raises:
+            TimeoutError: the other thread's work took over ``WAIT_S`` (a hung file system).
+        """
+        with job.lock:  # not taken yet (its thread busy or asleep): withdrawn, all done here
+            taken = job.state == TAKEN
+            if not taken:
+                job.state = WITHDRAWN
+        try:
             if taken and not job.done.wait(WAIT_S):
                 raise TimeoutError(
                     f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: "
                     "is the file system hung?"
                 )
+        finally:
             # the work holds views of the caller's buffers: a job left in the queue or in the
             # other thread's last binding must not keep them (a pool or a recycler reuses a
             # buffer only once no view of it is left)
             job.work = _done
-        if not taken:
-            return mine
-        theirs = job.result
-        if isinstance(theirs, BaseException):
-            raise theirs
-        return mine and bool(theirs)
+        return job.result if taken else None
 
     def _start(self) -> None:
         self._jobs = queue.SimpleQueue()
@@ -280,7 +295,7 @@ def _done() -> bool:
     return True
 
 
-class _Job:
+class Job:
     """One ``work`` offered to the other thread: taken by it, or withdrawn by the caller once
     it has done all the work itself (never both: ``lock``)."""
 
@@ -294,7 +309,7 @@ class _Job:
         self.lock = threading.Lock()
 
 
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+def _serve(jobs: queue.SimpleQueue[Job | None]) -> None:
     while (job := jobs.get()) is not None:
         with job.lock:
             if job.state == WITHDRAWN:
