@@ -775,12 +775,15 @@ def assemble_batches(
     one batch buffer).
     """
     batches = _batch_segments(windows, batch_size)
+    segments: list[tuple[Window, IntArray]] | None
     if arena is not None or recycler is None:
-        for each in batches:
-            yield _assemble(each, next(positions), arena, recycler)
+        segments = next(batches, None)
+        while segments is not None:
+            yield _assemble(segments, next(positions), arena, recycler)
+            segments = None  # (its window released before the next one is read into the pool)
+            segments = next(batches, None)
         return
     started: Started | None = None
-    segments: list[tuple[Window, IntArray]] | None
     try:
         segments = next(batches, None)
         while segments is not None:
@@ -788,6 +791,7 @@ def assemble_batches(
                 started = _start(segments, None, recycler)
             if started is None:  # windows read whole: made before the next window is read
                 yield _assemble(segments, next(positions), None, recycler)
+                segments = None  # (its window released before the next one is read)
                 segments = next(batches, None)
                 continue
             failure = None

@@ -174,3 +174,34 @@ def test_no_view_of_the_callers_buffer_is_kept(tmp_path: Path) -> None:
     finally:
         split.close()
         os.close(fd)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_one_window_buffer_serves_the_whole_epoch(
+    small: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """An epoch of many windows of small samples (each under the 1 MiB buffer the first one
+    gets) allocates one window buffer per process, in process and in workers: the previous
+    window is let go before the next is read, so the pool reuses its buffer (a batch loop
+    that kept the last batch's window while reading the next allocated a second one, and
+    peaked 16 MiB higher on `small`)."""
+    import multiprocessing
+
+    from loader import read
+
+    allocated = multiprocessing.Value("i", 0)  # (shared: workers count in it too)
+    real = read.allocate
+
+    def counting(size: int) -> Any:
+        with allocated.get_lock():
+            allocated.value += 1
+        return real(size)
+
+    monkeypatch.setattr(read, "allocate", counting)
+    kw = {"batch_size": 16, "shuffle_buffer_bytes": 512 << 10, "block_size": 32, "seed": 1}
+    n = sum(
+        len(b["__key__"])
+        for b in DataLoader(ShardDataset(str(small), **kw), batch_size=None, num_workers=workers)
+    )
+    assert n == 600
+    assert allocated.value == max(workers, 1)  # (a window kept while the next is read: 2 each)
