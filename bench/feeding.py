@@ -5,6 +5,8 @@
     python -m bench.feeding memory  OUT [--samples]
     python -m bench.feeding once    OUT [--workers 0] [--samples]
     python -m bench.feeding bandwidth   [--workers 2]
+    python -m bench.feeding floor       [--items 313] [--workers 2]
+    python -m bench.feeding threads OUT [--epochs 3]
 
 ``OUT`` is a shardprep build (e.g. /tmp/shardprep-bench/built/images-20000/shardprep-w1).
 ``rate``: samples/s and MB/s per epoch (wall) and samples per CPU-second of this process,
@@ -17,7 +19,10 @@ it also splits the epoch into its fixed costs (the first batch; the workers' exi
 last) and the rate in between. ``bandwidth``: what this machine's memory copies, in GB/s,
 from one process and from ``--workers`` processes copying at once (64 MiB arrays, larger
 than any cache): on a machine where K processes copy no more than one, K workers cannot
-deliver more bytes than one process, whatever the loader does.
+deliver more bytes than one process, whatever the loader does. ``floor``: torch's own cost of a
+DataLoader epoch of ``--items`` trivial items, in process and with workers (start and exit
+included). ``threads``: per thread, the samples read and CPU-seconds spent reading them in an
+in-process epoch of the large-sample batch path, beside the iterating thread's CPU in all.
 Compare two versions by running the same command with another tree first on ``PYTHONPATH``.
 Batch 64, shuffling on, seed 0; the batch path unless ``--samples``.
 """
@@ -122,6 +127,69 @@ def once(out: str, workers: int, samples: bool) -> None:
     )
 
 
+def floor(items: int, workers: int, rounds: int = 3) -> None:
+    """torch's own cost of a DataLoader epoch: a trivial dataset yielding ``items`` tiny dicts
+    (``batch_size=None``), in process and through ``workers`` workers, their start and exit
+    included; what any loader's epoch pays on top of its own work."""
+    import torch.utils.data
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Trivial(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            info = torch.utils.data.get_worker_info()
+            worker, count = (info.id, info.num_workers) if info else (0, 1)
+            return ({"i": i} for i in range(worker, items, count))
+
+    for _ in range(rounds):
+        for w in sorted({0, workers}):
+            t, c = time.perf_counter(), os.times()
+            n = sum(1 for _ in DataLoader(Trivial(), batch_size=None, num_workers=w))
+            wall, c1 = time.perf_counter() - t, os.times()
+            cpu = c1.user - c.user + c1.system - c.system + c1.children_user - c.children_user
+            cpu += c1.children_system - c.children_system
+            print(f"workers {w}: {n} items in {wall * 1e3:.1f} ms, {cpu:.3f} CPU-s")
+
+
+def threads(out: str, epochs: int) -> None:
+    """Where the reads of an in-process epoch of the large-sample batch path go
+    (``loader.scatter``): per thread, the samples it read and the CPU-seconds it spent reading
+    them, beside the iterating thread's CPU-seconds in all."""
+    import collections
+    import threading
+
+    import loader.scatter as scatter
+
+    counts: collections.Counter[str] = collections.Counter()
+    spent: collections.defaultdict[str, float] = collections.defaultdict(float)
+    real = scatter._read_checked
+
+    def counted(reads: Any, claim: Any) -> bool:
+        name = threading.current_thread().name
+
+        def each() -> Any:
+            for i in claim:
+                counts[name] += 1
+                yield i
+
+        start = time.thread_time()
+        try:
+            return real(reads, each())
+        finally:
+            spent[name] += time.thread_time() - start
+
+    scatter._read_checked = counted
+    ds, dl = _loader(out, 0, False)
+    for epoch in range(epochs):
+        counts.clear()
+        spent.clear()
+        t, c = time.perf_counter(), time.thread_time()
+        for _ in dl:
+            pass
+        wall, mine = time.perf_counter() - t, time.thread_time() - c
+        split = ", ".join(f"{k}: {counts[k]} samples, {spent[k]:.3f} CPU-s" for k in counts)
+        print(f"epoch {epoch}: {wall:.3f} s; iterating thread {mine:.3f} CPU-s in all; {split}")
+
+
 def _copy_rate(barrier: Any, results: Any, size: int, rounds: int) -> None:
     import numpy as np
 
@@ -179,7 +247,10 @@ def memory(out: str, samples: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.feeding", description=__doc__)
-    parser.add_argument("what", choices=["rate", "cpu", "memory", "once", "bandwidth"])
+    parser.add_argument(
+        "what", choices=["rate", "cpu", "memory", "once", "bandwidth", "floor", "threads"]
+    )
+    parser.add_argument("--items", type=int, default=313, help="floor: items per epoch")
     parser.add_argument("out", nargs="?", help="a shardprep build (all but bandwidth)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0)
@@ -187,6 +258,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.what == "bandwidth":
         bandwidth(max(args.workers, 2))
+        return
+    if args.what == "floor":
+        floor(args.items, max(args.workers, 2))
         return
     if args.out is None:
         parser.error(f"{args.what} needs OUT, a shardprep build")
@@ -196,6 +270,8 @@ def main() -> None:
         cpu(args.out, args.epochs)
     elif args.what == "once":
         once(args.out, args.workers, args.samples)
+    elif args.what == "threads":
+        threads(args.out, args.epochs)
     else:
         memory(args.out, args.samples)
 

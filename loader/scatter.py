@@ -163,19 +163,30 @@ class Started:
     and checks its samples, and the job offered to the reader's other thread (None: the
     caller reads them all in ``finish_fields``)."""
 
-    __slots__ = ("arena", "claim", "job", "packs", "split", "work")
+    __slots__ = ("arena", "claim", "job", "packs", "pid", "reads", "split", "work")
 
     def __init__(
         self,
         packs: list[Packed],
-        claim: Iterator[int],
-        work: Callable[[], bool],
+        reads: _Reads,
         split: SplitReads | None,
-        job: Job | None,
         arena: Arena | None,
     ) -> None:
-        self.packs, self.claim, self.work = packs, claim, work
-        self.split, self.job, self.arena = split, job, arena
+        self.packs, self.reads, self.split, self.arena = packs, reads, split, arena
+        self.claim = iter(range(len(reads.files)))
+        self.work: Callable[[], bool] = partial(_read_checked, reads, self.claim)
+        self.job: Job | None = None
+        self.pid = os.getpid()
+
+    def forked(self) -> bool:
+        """Whether this process is a fork of the one that began the reads (the other thread,
+        and what it had done, are not here: the reads are made again, all on this thread)."""
+        if self.pid == os.getpid():
+            return False
+        self.job, self.pid = None, os.getpid()
+        self.claim = iter(range(len(self.reads.files)))
+        self.work = partial(_read_checked, self.reads, self.claim)
+        return True
 
 
 def start_fields(
@@ -229,19 +240,19 @@ def start_fields(
     if reads is None:
         _give_back(packs, arena)
         return None
-    count = len(reads.files)
-    claim = iter(range(count))
-    work = partial(_read_checked, reads, claim)
     unread = segments[0][0].unread
     split = unread[0].files.split if unread else None  # (alone in its process: two threads)
-    job = split.offer(work) if split is not None and count >= SPLIT_MIN else None
-    return Started(packs, claim, work, split, job, arena)
+    started = Started(packs, reads, split, arena)
+    if split is not None and len(reads.files) >= SPLIT_MIN:
+        started.job = split.offer(started.work)
+    return started
 
 
 def finish_fields(started: Started) -> list[Packed] | None:
     """The batch's fields once every sample is read and checked (on this thread, and on the
     other for what it took); None where a sample is cut short or fails its checksum, after
     giving back what was taken from the arena. Raises what a read raised, on either thread."""
+    started.forked()
     try:
         mine = started.work()
     finally:
@@ -260,6 +271,8 @@ def abandon_fields(started: Started) -> None:
     """A begun batch no longer wanted (its epoch left): the samples not yet taken are taken
     from the other thread, and this returns once that thread is out of the batch's buffers
     (they may be reused as soon as they are dropped)."""
+    if started.forked():
+        return  # (the other thread is the parent's: nothing of this process's to wait for)
     for _ in started.claim:
         pass
     if started.split is not None and started.job is not None:

@@ -128,13 +128,16 @@ class ShardFiles:
             self._keep(shard, file)
             return file
         entry = self._manifest.shards[shard]
-        opened, size = self._source.call(
-            lambda: self._source.open_sized(entry.file, entry.num_bytes), entry.file
-        )
+        path = self._source.path(entry.file)
+
+        def open_owned() -> tuple[ShardFile, int]:  # owned (closed on drop) at once
+            opened, size = self._source.open_sized(entry.file, entry.num_bytes)
+            return ShardFile(opened, path), size
+
+        file, size = self._source.call(open_owned, entry.file)
         if size != entry.num_bytes:
-            opened.close()
+            file.close()
             return None
-        file = ShardFile(opened, self._source.path(entry.file))
         with self._lock:
             self._all.add(file)
         self._held[shard] = file
