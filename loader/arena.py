@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ALIGN", "RINGS", "Arena", "Ticket", "receive_bytes", "ring_slot"]
+__all__ = ["ALIGN", "RINGS", "Arena", "Ticket", "fresh_shared", "receive_bytes", "ring_slot"]
 
 RINGS = platform.machine().lower() in ("x86_64", "amd64")
 MIN_BYTES = 8 << 20  # a ring holds at least this much
@@ -319,3 +319,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # it exists, as another user's process
         return True
     return True
+
+
+def fresh_shared(size: int) -> tuple[torch.Tensor, memoryview]:
+    """A uint8 tensor of ``size`` bytes in fresh shared memory, and a writable view of it: for
+    a payload the ring has no room for (it crosses as is, as ``default_collate``'s do)."""
+    data = torch.empty(0, dtype=torch.uint8).new(
+        torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
+    )
+    return data, memoryview(data.numpy())  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ import torch.utils.data
 import xxhash
 from torch.utils.data._utils.collate import default_collate
 
-from loader.arena import Arena
+from loader.arena import Arena, fresh_shared
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples, cross
 from loader.read import Chunk
 from loader.scatter import Started, abandon_fields, finish_fields, start_fields, unread_of
@@ -571,10 +571,7 @@ def _gather(
             placed, ticket = arena.commit(begin, consumed, total)
             return Packed(placed, torch.from_numpy(offsets), ticket)
         # the ring is full: made in shared memory, it crosses as is (as default_collate does)
-        data = torch.empty(0, dtype=torch.uint8).new(
-            torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
-        )
-        out = memoryview(data.numpy())  # type: ignore[arg-type]
+        data, out = fresh_shared(total)
     else:
         assert recycler is not None
         data, out = recycler.tensor(total)

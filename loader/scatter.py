@@ -26,6 +26,7 @@ import numpy.typing as npt
 import torch
 import xxhash
 
+from loader.arena import fresh_shared
 from loader.batch import SHARE_BYTES, Packed
 from loader.shardfiles import SPLIT_MIN, Job, ShardFile, SplitReads, Unread, positioned_read
 
@@ -226,10 +227,7 @@ def start_fields(
                 begin, consumed, out = slot
                 data, ticket = arena.commit(begin, consumed, total)
             else:  # the ring is full: fresh shared memory, which crosses as is
-                data = torch.empty(0, dtype=torch.uint8).new(
-                    torch.UntypedStorage._new_shared(total)  # type: ignore[no-untyped-call]
-                )
-                out = memoryview(data.numpy())  # type: ignore[arg-type]
+                data, out = fresh_shared(total)
         else:
             assert recycler is not None
             data, out = recycler.tensor(total)
