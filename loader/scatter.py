@@ -12,6 +12,13 @@ Nothing is handed out unchecked: where a sample is short (its shard was cut) or 
 checksum, or the batch's samples differ in their fields, ``gather_fields`` returns None; the
 caller gives back what it took and makes the batch from the windows' bytes read whole, the
 path that names the damaged sample.
+
+A batch's reads are begun (``start_fields``: buffers allocated, iovecs planned, the work
+offered to the reader's second thread when it has one) and then finished (``finish_fields``:
+this thread takes the samples the other has not, then waits for it): in process the next
+batch is begun before this one is handed out (``loader.assemble.assemble_batches``). A process
+forked while the other thread reads reads the begun batch again itself; a batch begun and no
+longer wanted is abandoned (``abandon_fields``) only once the other thread is out of it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ An open shard is a ``ShardFile``: the file object (so it is closed, not leaked, 
 chunk holding it goes) and its descriptor. ``ShardFiles`` keeps the last few shards open;
 ``close()`` (the reader's) closes every one it opened, and a chunk that outlives it reads
 nothing (``fd`` becomes -1: a closed descriptor's number is never reused for a read).
+
+``SplitReads`` is the reader's second thread, where the reader is alone in its process: it
+shares a batch's sample reads (``loader.scatter``) and a window's reads in 1 MiB parts
+(``read_into``) with the calling thread; work it has not started when the caller is done is
+withdrawn, so it never holds the caller up.
 """
 
 from __future__ import annotations
