@@ -243,6 +243,9 @@ class _Pool:
         self._threads: list[threading.Thread] = []  # started ones, the starter first
         self._started = False
         self._closed = threading.Event()
+        # (still there when an epoch's generator is closed at interpreter exit, after the
+        # modules' globals are gone: the daemon threads then end with the process)
+        self._finalizing = sys.is_finalizing
 
     def submit(self, fn: Callable[[], Any], priority: int = 1) -> _Job:
         if self._closed.is_set():
@@ -284,6 +287,8 @@ class _Pool:
     def close(self) -> None:
         """Drop queued jobs and stop every thread (each after its current job, bounded)."""
         self._closed.set()
+        if self._finalizing():
+            return  # nothing to wake or wait for: the interpreter is ending
         for i in range(self._size):  # one for each thread there is or may still be started
             self._queue.put((-1, i, None))  # ahead of every job
         with self._lock:
