@@ -24,6 +24,7 @@ the per-sample path instead, which gives the same batch or raises the same
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -771,6 +772,7 @@ def assemble_batches(
     the consumer uses this one (its windows hold no bytes, so looking one batch ahead costs
     one batch buffer).
     """
+    finalizing = sys.is_finalizing  # (a local: still there if the epoch is closed at exit)
     batches = _batch_segments(windows, batch_size)
     segments: list[tuple[Window, IntArray]] | None
     if arena is not None or recycler is None:
@@ -805,7 +807,9 @@ def assemble_batches(
                 raise failure
             segments = following
     finally:
-        if started is not None:  # left with the next batch's reads under way
+        # left with the next batch's reads under way (unless the interpreter is ending: the
+        # epoch was left open by a script that has finished, and the modules' globals are gone)
+        if started is not None and not finalizing():
             abandon_fields(started)
 
 
