@@ -20,13 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import json, sys
-from torch.utils.data import DataLoader
-from loader import ReadOptions, RemoteOptions, ShardDataset
+import torch
+import loader
+from loader import ReadOptions, RemoteOptions
 
 url, options, batch_size = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]) or None
 cache = sys.argv[4] or None
 read = ReadOptions(remote=RemoteOptions(storage_options=options, cache_dir=cache))
-it = iter(DataLoader(ShardDataset(url, batch_size=batch_size, read=read), batch_size=None))
+ds = loader.ShardDataset(url, batch_size=batch_size, read=read)
+it = iter(torch.utils.data.DataLoader(ds, batch_size=None))
 first = next(it)
 keys = first["__key__"] if batch_size else [first["__key__"]]
 print(json.dumps({"keys": len(keys)}), flush=True)
