@@ -152,19 +152,48 @@ def test_a_silent_endpoint_is_unreachable_within_the_bound(silent: Endpoint) -> 
     assert 4.5 <= outcome["elapsed"] <= bound
 
 
-@pytest.mark.slow
 def test_the_default_options_fail_a_silent_endpoint_within_the_documented_bound(
     silent: Endpoint,
 ) -> None:
-    """docs/loader.md: about 92 s (3 read timeouts of 30 s, backoff 1.5 s), at most 122.1 s."""
-    spec: dict[str, Any] = {"storage_options": s3_options(silent.url)}
-    bound = worst_case_s(RemoteOptions())
-    assert bound == pytest.approx(122.1)
+    """docs/loader.md: about 92 s (3 read timeouts of 30 s, backoff 1.5 s), at most 122.1 s.
+
+    Waiting that out proves nothing the parts below do not: the default options, scaled down
+    15 times (connect 0.67 s, read 2 s: the same ratio, and a read timeout unlike the connect
+    timeout, so the one that cuts each attempt is the read timeout), fail a silent endpoint
+    through the same client in exactly RETRIES attempts of one read timeout each; and the
+    defaults themselves reach that client unchanged and compose to the documented figures.
+    """
+    scale = 15
+    spec: dict[str, Any] = {
+        "connect_timeout_s": RemoteOptions().connect_timeout_s / scale,
+        "read_timeout_s": RemoteOptions().read_timeout_s / scale,
+        "storage_options": s3_options(silent.url),
+    }
+    scaled = RemoteOptions(**spec)
+    assert (scaled.connect_timeout_s, scaled.read_timeout_s) == pytest.approx((10 / 15, 2.0))
+    backoff = sum(source_module.BACKOFF_S * 2.0**attempt for attempt in range(RETRIES - 1))
+    assert backoff == 1.5
+    bound = worst_case_s(scaled)
     outcome = probe("s3://bucket/out", "manifest.json", 0, 0, spec, bound)
     assert outcome["error"] == "UnreachableError", outcome
     assert outcome["url"] == "s3://bucket/out/manifest.json"
-    assert silent.connections == 3
-    assert 91.5 <= outcome["elapsed"] <= bound
+    assert "ReadTimeoutError" in outcome["message"]
+    assert "connect timeout 0.666667 s, read timeout 2 s, 3 attempts" in outcome["message"]
+    assert silent.connections == RETRIES == 3
+    # every attempt waited its read timeout out, and the whole no longer than the bound
+    assert RETRIES * scaled.read_timeout_s + backoff <= outcome["elapsed"] <= bound
+    # the defaults (the options the user gets: only storage_options given) reach that same
+    # client unchanged: 10 s to connect, 30 s to read, one HTTP attempt per loader attempt ...
+    defaults = RemoteOptions(storage_options=s3_options(silent.url))
+    assert (defaults.connect_timeout_s, defaults.read_timeout_s) == (10.0, 30.0)
+    filesystem = Source("s3://bucket/out", defaults)._filesystem()
+    assert filesystem.retries == 1
+    config = filesystem.s3.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (10.0, 30.0)
+    assert config.retries == {"total_max_attempts": 1, "mode": "standard"}
+    # ... so the silent endpoint costs them 3 x 30 + 1.5 = 91.5 s, within the documented 122.1 s
+    assert RETRIES * defaults.read_timeout_s + backoff == 91.5
+    assert worst_case_s(defaults) == pytest.approx(122.1)
 
 
 # --- headers, then a stall mid-body ---------------------------------------------------
