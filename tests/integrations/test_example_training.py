@@ -6,6 +6,7 @@ resuming from its checkpoint at an epoch boundary, and refusing another build's 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -52,15 +53,29 @@ def test_example_images_decode_to_one_uint8_batch(example_out: Path) -> None:
     assert set(batch["cls"].tolist()) <= set(range(5))
 
 
-@pytest.mark.distributed
-def test_train_ddp_learns_the_example_and_resumes_at_the_epoch_boundary(
-    example_out: Path, tmp_path: Path
-) -> None:
-    checkpoint = tmp_path / "run.pt"
-    # one epoch, then the same command asked for two: it resumes into epoch 1 and trains only it
-    first = run_job(
+@pytest.fixture(scope="module")
+def first_epoch(example_out: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One epoch of train_ddp.py: its output and its checkpoint (read-only: tests copy it)."""
+    checkpoint = tmp_path_factory.mktemp("first_epoch") / "run.pt"
+    output = run_job(
         torchrun(str(example_out), "--epochs", "1", "--checkpoint", str(checkpoint)), 240
     )
+    return output, checkpoint
+
+
+def copy_checkpoint(first_epoch: tuple[str, Path], folder: Path) -> Path:
+    checkpoint = folder / "run.pt"
+    shutil.copyfile(first_epoch[1], checkpoint)
+    return checkpoint
+
+
+@pytest.mark.distributed
+def test_train_ddp_learns_the_example_and_resumes_at_the_epoch_boundary(
+    example_out: Path, first_epoch: tuple[str, Path], tmp_path: Path
+) -> None:
+    # one epoch, then the same command asked for two: it resumes into epoch 1 and trains only it
+    first = first_epoch[0]
+    checkpoint = copy_checkpoint(first_epoch, tmp_path)
     assert re.findall(r"epoch (\d+): (\d+) batches", first) == [("0", str(BATCHES))]
     second = run_job(
         torchrun(str(example_out), "--epochs", "2", "--checkpoint", str(checkpoint)), 240
@@ -81,9 +96,10 @@ def test_train_ddp_learns_the_example_and_resumes_at_the_epoch_boundary(
 
 
 @pytest.mark.distributed
-def test_train_ddp_refuses_a_checkpoint_of_another_build(example_out: Path, tmp_path: Path) -> None:
-    checkpoint = tmp_path / "run.pt"
-    run_job(torchrun(str(example_out), "--epochs", "1", "--checkpoint", str(checkpoint)), 240)
+def test_train_ddp_refuses_a_checkpoint_of_another_build(
+    example_out: Path, first_epoch: tuple[str, Path], tmp_path: Path
+) -> None:
+    checkpoint = copy_checkpoint(first_epoch, tmp_path)
     other = tmp_path / "other"
     shardprep.build(
         str(example_out.parent / "raw"), str(other), shards=4, workers=1, progress=False
