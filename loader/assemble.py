@@ -24,7 +24,6 @@ the per-sample path instead, which gives the same batch or raises the same
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -40,7 +39,7 @@ from torch.utils.data._utils.collate import default_collate
 from loader.arena import Arena, fresh_shared
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples, cross
 from loader.read import Chunk
-from loader.scatter import Started, abandon_fields, finish_fields, start_fields, unread_of
+from loader.scatter import gather_fields, unread_of
 from shardprep.format.shardformat import payload_checksum
 
 __all__ = ["Carried", "Recycler", "Window", "assemble_batches"]
@@ -649,47 +648,19 @@ def _streams(
     return streams
 
 
-def _scattered(
-    segments: list[tuple[Window, IntArray]],
-) -> tuple[list[str], list[IntArray]] | None:
-    """The field names and, per segment, the member columns of a batch whose samples are all
-    in windows left unread and hold the same fields in the same order (read straight into
-    the batch, ``loader.scatter``); else None."""
-    if not all(w.unread is not None for w, _ in segments):
-        return None
-    layouts = [_Fields(w, p) for w, p in segments]
-    names = layouts[0].names
-    if not all(f.members is not None and f.names == names for f in layouts):
-        return None
-    return names, [f.members for f in layouts if f.members is not None]
-
-
-def _start(
-    segments: list[tuple[Window, IntArray]], arena: Arena | None, recycler: Recycler | None
-) -> Started | None:
-    """The reads of a batch of unread windows' samples begun (``scatter.start_fields``)."""
-    scattered = _scattered(segments)
-    if scattered is None:
-        return None
-    return start_fields(segments, scattered[1], arena, recycler)
-
-
 def _assemble(
     segments: list[tuple[Window, IntArray]],
     position: dict[str, int],
     arena: Arena | None,
     recycler: Recycler | None,
-    started: Started | None = None,
 ) -> Batch:
     """The batch of the given window positions, exactly as the per-sample path makes it.
 
     (A batch that spans windows: the earlier windows' samples as ``Carried`` copies.)
-    ``started``: its samples' reads, begun ahead (``_start``).
     """
-    if started is None:
-        fast = _fast(segments, position, arena)
-        if fast is not None:
-            return fast
+    fast = _fast(segments, position, arena)
+    if fast is not None:
+        return fast
     layouts = [_Fields(w, p) for w, p in segments]
     names = layouts[0].names
     damaged = any(w.any_damaged and w.damaged[p].any() for w, p in segments)
@@ -701,10 +672,9 @@ def _assemble(
             values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
         columns = [(w, f.members) for (w, _), f in zip(segments, layouts, strict=True)]
-        if started is None:  # a batch of unread windows: each sample read into the batch
-            started = _start(segments, arena, recycler)
-        if started is not None:
-            packs, started = finish_fields(started), None
+        if all(w.unread is not None for w, _ in segments):  # each sample read into the batch
+            members = [f.members for f in layouts if f.members is not None]
+            packs = gather_fields(segments, members, arena, recycler)
             if packs is not None:
                 batch.update(zip(names, packs, strict=True))
                 batch[POSITION] = position
@@ -731,8 +701,6 @@ def _assemble(
             for ticket in reversed(tickets):
                 if ticket is not None:
                     arena.withdraw(ticket)
-    if started is not None:  # (never here: begun only for regular batches) its reads end first
-        finish_fields(started)
     # irregular fields, or a damaged member or header: the per-sample path, which names the
     # damaged sample
     for w, _ in segments:
@@ -766,51 +734,13 @@ def assemble_batches(
     batch's ``__position__``; ``arena``: the DataLoader worker's ring for
     large payloads (None in the main process); ``recycler``: the main
     process's reused buffers for them.
-
-    In the main process, a batch of windows left unread (``loader.scatter``) has the next
-    batch's reads begun before it is handed out: the reader's other thread reads them while
-    the consumer uses this one (its windows hold no bytes, so looking one batch ahead costs
-    one batch buffer).
     """
-    finalizing = sys.is_finalizing  # (a local: still there if the epoch is closed at exit)
     batches = _batch_segments(windows, batch_size)
-    segments: list[tuple[Window, IntArray]] | None
-    if arena is not None or recycler is None:
+    segments = next(batches, None)
+    while segments is not None:
+        yield _assemble(segments, next(positions), arena, recycler)
+        segments = None  # (its window released before the next one is read into the pool)
         segments = next(batches, None)
-        while segments is not None:
-            yield _assemble(segments, next(positions), arena, recycler)
-            segments = None  # (its window released before the next one is read into the pool)
-            segments = next(batches, None)
-        return
-    started: Started | None = None
-    try:
-        segments = next(batches, None)
-        while segments is not None:
-            if started is None:
-                started = _start(segments, None, recycler)
-            if started is None:  # windows read whole: made before the next window is read
-                yield _assemble(segments, next(positions), None, recycler)
-                segments = None  # (its window released before the next one is read)
-                segments = next(batches, None)
-                continue
-            failure = None
-            try:  # (unread windows: nothing is read here, but a shard is opened)
-                following = next(batches, None)
-            except Exception as err:  # raised after this batch, as without looking ahead
-                failure, following = err, None
-            batch = _assemble(segments, next(positions), None, recycler, started)
-            started = None
-            if following is not None:
-                started = _start(following, None, recycler)
-            yield batch
-            if failure is not None:
-                raise failure
-            segments = following
-    finally:
-        # left with the next batch's reads under way (unless the interpreter is ending: the
-        # epoch was left open by a script that has finished, and the modules' globals are gone)
-        if started is not None and not finalizing():
-            abandon_fields(started)
 
 
 def _batch_segments(

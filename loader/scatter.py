@@ -9,22 +9,20 @@ is then taken over the same iovecs, while the bytes are still in the CPU's cache
 with the index's. So every payload byte is copied once, by the kernel, and hashed once.
 
 Nothing is handed out unchecked: where a sample is short (its shard was cut) or fails its
-checksum, or the batch's samples differ in their fields, ``gather_fields`` returns None; the
-caller gives back what it took and makes the batch from the windows' bytes read whole, the
+checksum, or the batch's samples differ in their fields, ``gather_fields`` gives back what it
+took and returns None; the caller makes the batch from the windows' bytes read whole, the
 path that names the damaged sample.
 
-A batch's reads are begun (``start_fields``: buffers allocated, iovecs planned, the work
-offered to the reader's second thread when it has one) and then finished (``finish_fields``:
-this thread takes the samples the other has not, then waits for it): in process the next
-batch is begun before this one is handed out (``loader.assemble.assemble_batches``). A process
-forked while the other thread reads reads the begun batch again itself; a batch begun and no
-longer wanted is abandoned (``abandon_fields``) only once the other thread is out of it.
+Where the reader has a second thread (``SplitReads``: alone in its process), the two share a
+batch's samples, claiming them one at a time, while the caller waits for the batch; nothing is
+read ahead of the batch asked for. (Reading the next batch while the consumer used this one was
+3-5% slower here: each thread's return from ``os.preadv`` waits for the GIL the other holds.)
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -35,20 +33,13 @@ import xxhash
 
 from loader.arena import fresh_shared
 from loader.batch import SHARE_BYTES, Packed
-from loader.shardfiles import SPLIT_MIN, Job, ShardFile, SplitReads, Unread, positioned_read
+from loader.shardfiles import ShardFile, Unread, positioned_read
 
 if TYPE_CHECKING:
     from loader.arena import Arena
     from loader.assemble import Recycler, Window
 
-__all__ = [
-    "Started",
-    "abandon_fields",
-    "finish_fields",
-    "gather_fields",
-    "start_fields",
-    "unread_of",
-]
+__all__ = ["gather_fields", "unread_of"]
 
 IntArray = npt.NDArray[np.int64]
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # the iovecs one os.preadv takes (1024 on Linux)
@@ -166,52 +157,22 @@ def _read_checked(reads: _Reads, claim: Iterator[int]) -> bool:
     return True
 
 
-class Started:
-    """A batch's reads under way (``start_fields``): its packed fields, the work that reads
-    and checks its samples, and the job offered to the reader's other thread (None: the
-    caller reads them all in ``finish_fields``)."""
-
-    __slots__ = ("arena", "claim", "job", "packs", "pid", "reads", "split", "work")
-
-    def __init__(
-        self,
-        packs: list[Packed],
-        reads: _Reads,
-        split: SplitReads | None,
-        arena: Arena | None,
-    ) -> None:
-        self.packs, self.reads, self.split, self.arena = packs, reads, split, arena
-        self.claim = iter(range(len(reads.files)))
-        self.work: Callable[[], bool] = partial(_read_checked, reads, self.claim)
-        self.job: Job | None = None
-        self.pid = os.getpid()
-
-    def forked(self) -> bool:
-        """Whether this process is a fork of the one that began the reads (the other thread,
-        and what it had done, are not here: the reads are made again, all on this thread)."""
-        if self.pid == os.getpid():
-            return False
-        self.job, self.pid = None, os.getpid()
-        self.claim = iter(range(len(self.reads.files)))
-        self.work = partial(_read_checked, self.reads, self.claim)
-        return True
-
-
-def start_fields(
+def gather_fields(
     segments: list[tuple[Window, IntArray]],
     members: list[IntArray],
     arena: Arena | None,
     recycler: Recycler | None,
-) -> Started | None:
-    """Each field's buffer of a batch of unread windows' samples, and their reads begun: offered
-    to the reader's other thread if it has one (it starts at once if free); None if a sample's
-    bytes are not exactly its headers and members (the caller reads the windows whole).
+) -> list[Packed] | None:
+    """Each field of a batch of unread windows' samples, read and checked straight into its
+    buffer; None if a sample's bytes are not exactly its headers and members, or a sample is
+    cut short or fails its checksum (after giving back what was taken from the arena: the
+    caller then makes the batch from the windows read whole, which names the sample).
 
     ``members``: per segment, its samples' member numbers, one column per field in file
     order. A large field goes to ``arena`` (a DataLoader worker's ring: committed, its
-    ticket crossing) or ``recycler`` (the main process), a small one to fresh bytes. Every
-    ``Started`` must be finished (``finish_fields``) before its buffers are dropped: the other
-    thread may be writing into them.
+    ticket crossing) or ``recycler`` (the main process), a small one to fresh bytes. The
+    samples are shared with the reader's other thread if it has one; this returns once that
+    thread is out of the batch's buffers, and raises what a read raised, on either thread.
     """
     width = members[0].shape[1]
     packs: list[Packed] = []
@@ -242,58 +203,14 @@ def start_fields(
         outs.append(out)
         ends.append(offsets)
     reads = _plan(segments, members, outs, ends)
-    if reads is None:
-        _give_back(packs, arena)
-        return None
-    unread = segments[0][0].unread
-    split = unread[0].files.split if unread else None  # (alone in its process: two threads)
-    started = Started(packs, reads, split, arena)
-    if split is not None and len(reads.files) >= SPLIT_MIN:
-        started.job = split.offer(started.work)
-    return started
-
-
-def finish_fields(started: Started) -> list[Packed] | None:
-    """The batch's fields once every sample is read and checked (on this thread, and on the
-    other for what it took); None where a sample is cut short or fails its checksum, after
-    giving back what was taken from the arena. Raises what a read raised, on either thread."""
-    started.forked()
-    try:
-        mine = started.work()
-    finally:
-        theirs = None
-        if started.split is not None and started.job is not None:
-            theirs = started.split.settle(started.job)
-    if isinstance(theirs, BaseException):
-        raise theirs
-    if mine and theirs is not False:
-        return started.packs
-    _give_back(started.packs, started.arena)
+    if reads is not None:
+        unread = segments[0][0].unread
+        split = unread[0].files.split if unread else None  # (alone in its process: two threads)
+        work = partial(_read_checked, reads, iter(range(len(reads.files))))
+        if work() if split is None else split(work, len(reads.files)):
+            return packs
+    _give_back(packs, arena)
     return None
-
-
-def abandon_fields(started: Started) -> None:
-    """A begun batch no longer wanted (its epoch left): the samples not yet taken are taken
-    from the other thread, and this returns once that thread is out of the batch's buffers
-    (they may be reused as soon as they are dropped)."""
-    if started.forked():
-        return  # (the other thread is the parent's: nothing of this process's to wait for)
-    for _ in started.claim:
-        pass
-    if started.split is not None and started.job is not None:
-        started.split.settle(started.job)
-    _give_back(started.packs, started.arena)
-
-
-def gather_fields(
-    segments: list[tuple[Window, IntArray]],
-    members: list[IntArray],
-    arena: Arena | None,
-    recycler: Recycler | None,
-) -> list[Packed] | None:
-    """``start_fields`` and ``finish_fields`` at once."""
-    started = start_fields(segments, members, arena, recycler)
-    return None if started is None else finish_fields(started)
 
 
 def _give_back(packs: list[Packed], arena: Arena | None) -> None:

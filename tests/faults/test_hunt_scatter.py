@@ -619,22 +619,36 @@ print("PARENT", head + rest == whole, "CHILD", eval(got) == rest, os.waitstatus_
 """
 
 
-# the second thread reads slowly: at the fork it is inside the next batch's reads (begun ahead)
+# the second thread reads slowly; the fork checks that it is not inside a read (nothing is read
+# ahead of the batch asked for, so between batches the second thread has nothing in flight)
 SLOW_SECOND_THREAD = """
 import os, threading, time
 import loader.scatter
 from loader.shardfiles import THREAD_NAME
-_read, _fork, _reading = loader.scatter.positioned_read, os.fork, threading.Event()
+_read, _fork, _lock = loader.scatter.positioned_read, os.fork, threading.Lock()
+_in_flight, _reads, _reading = [0], [0], threading.Event()
 def _slow(*args):
-    if threading.current_thread().name == THREAD_NAME:
-        _reading.set()
-        time.sleep(0.02)
-    return _read(*args)
-def _fork_while_it_reads():  # the fork lands while the second thread is inside a read
+    if threading.current_thread().name != THREAD_NAME:
+        return _read(*args)
+    with _lock:
+        _in_flight[0] += 1
+        _reads[0] += 1
+    _reading.set()
+    time.sleep(0.02)
+    try:
+        return _read(*args)
+    finally:
+        with _lock:
+            _in_flight[0] -= 1
+def _fork_between_batches():
     _reading.clear()
-    assert _reading.wait(10)
+    # (a negative check, bounded: a read begun ahead would start within this time)
+    assert not _reading.wait(0.5), "the second thread reads while no batch is asked for"
+    with _lock:
+        assert _reads[0] > 0, "the second thread read nothing"
+        assert _in_flight[0] == 0, "the second thread reads while no batch is asked for"
     return _fork()
-loader.scatter.positioned_read, os.fork = _slow, _fork_while_it_reads
+loader.scatter.positioned_read, os.fork = _slow, _fork_between_batches
 """
 
 
@@ -642,8 +656,8 @@ loader.scatter.positioned_read, os.fork = _slow, _fork_while_it_reads
 def test_a_forked_child_goes_on_with_the_inherited_iterator(large: Output, second: str) -> None:
     """User code forks inside an epoch (the second thread exists in the parent only): parent
     and child each get the exact rest of the epoch, the child's own bytes included. With the
-    second thread slowed down, the fork lands while it reads the next batch (begun ahead): the
-    child reads that batch again itself instead of waiting for a thread it does not have."""
+    second thread slowed down, the fork finds it out of every read (nothing is read ahead of
+    the batch asked for), and the child starts its own."""
     out, _ = large
     code = (SLOW_SECOND_THREAD if second == "slow" else "") + CHILD_FORK
     done = run_bounded([sys.executable, "-c", code, str(out)], timeout=45, cwd=ROOT)
