@@ -45,7 +45,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory, built: Path) -> dict[str, 
 @pytest.mark.parametrize(
     ("output", "batch_size", "workers", "mixed"),
     [
-        ("large", 10, 0, "one"),  # the batch's reads begun ahead when the script ends
+        ("large", 10, 0, "one"),  # read straight into the batch, on two threads
         ("large", 0, 0, "one"),  # per sample: the local read-ahead thread
         ("small", 4, 0, "one"),
         ("large", 10, 2, "one"),
