@@ -149,7 +149,11 @@ def test_an_absurd_class_index_is_refused_before_it_costs_memory(
     message = _refused(raw, tmp_path / "out", ParquetInputError, scratch)
     assert f"{raw}: row 1 (key 'b'): label {label!r} in column 'label' is a class index " in message
     assert "would need 1,048,577 class names" in message
-    # the largest index allowed still builds
+
+
+def test_the_largest_class_index_allowed_still_builds(tmp_path: Path) -> None:
+    """The bound above refuses one index too many, not the largest one (built once here, not
+    once per refused label type: the build is the same)."""
     ok = _parquet(
         tmp_path / "ok.parquet",
         {"__key__": ["a", "b"], "jpg": [b"x", b"y"], "label": [0, MAX_CLASS_INDEX]},
