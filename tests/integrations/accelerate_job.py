@@ -77,6 +77,10 @@ def run_part(part: str, data: str, workdir: Path) -> None:
             optimizer.zero_grad()
     except Exception as error:  # the finding is the error itself
         result["error"] = "".join(traceback.format_exception_only(error)).strip()
+        # the traceback's frames hold the DataLoader's iterator in a reference cycle: freed only
+        # at a later gc, whose finalizers may close its queues first, when torch then waits 5 s
+        # for each worker before terminating it. Cleared, the iterator goes now, workers too.
+        traceback.clear_frames(error.__traceback__)
     record = workdir / part
     record.mkdir(parents=True, exist_ok=True)
     (record / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))
