@@ -334,7 +334,7 @@ def test_a_shard_held_by_many_chunks_is_open_once(tmp_path: Path) -> None:
     shardprep.build(str(raw), str(tmp_path / "out"), shards=20, workers=1, progress=False,
                     input_format="keyed")  # fmt: skip
     out = tmp_path / "out"
-    kw = {"batch_size": 10, "block_size": 1, "shuffle_buffer_bytes": 4 << 20}
+    kw: dict[str, Any] = {"batch_size": 10, "block_size": 1, "shuffle_buffer_bytes": 4 << 20}
     got, peak = [], 0
     for batch in ShardDataset(str(out), **kw):
         got.append(batch)
