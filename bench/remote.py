@@ -327,7 +327,10 @@ def ratios(rows: dict[str, Any]) -> list[str]:
             for w in (0, 2):
                 a, b = mb(f"{system} | w{w} | epoch 1"), mb(other.format(w=w))
                 cells.append(f"{a / b:.2f}×" if a and b else "")
-            out.append(f"| {LABELS.get(system, system)} / {label} | " + " | ".join(cells) + " |")
+            if any(cells):  # (systems not in this run get no row)
+                out.append(
+                    f"| {LABELS.get(system, system)} / {label} | " + " | ".join(cells) + " |"
+                )
     return out
 
 
