@@ -19,6 +19,7 @@ import pytest
 import torch.utils.data
 
 from loader import CorruptShardError, ReadOptions, RemoteOptions, ShardDataset
+from loader import cache as cache_module
 from loader import source as source_module
 from loader.cache import ShardCache
 from loader.cachedir import cache_bytes
@@ -243,7 +244,10 @@ def test_eviction_keeps_the_folder_under_its_limit(
 
     def checked(self: ShardCache, *args: Any) -> Any:
         result = acquire(self, *args)
-        sizes.append(cache_bytes(str(tmp_path)))
+        # measured under the lock that evicting, reserving and renaming take: a scan beside them
+        # could count a file just evicted and the download that replaced it (one shard too many)
+        with cache_module._locked(self._evict_lock, self.lock_timeout_s):
+            sizes.append(cache_bytes(str(tmp_path)))
         return result
 
     monkeypatch.setattr(ShardCache, "_acquire", checked)
