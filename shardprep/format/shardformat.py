@@ -256,13 +256,14 @@ def sample_layout(
     without members. Vectorised, once per chunk or shard."""
     first = member_start[0] if len(member_start) else np.uint64(0)
     starts = (member_start - first).astype(np.int64)
-    owner = np.repeat(np.arange(len(sample_offset)), np.diff(starts))
-    with np.errstate(over="ignore"):
-        relative = member_offset - sample_offset[owner]
-        mixed = relative * _MIX[0] ^ member_size * _MIX[1]
-        mixed ^= mixed >> np.uint64(31)
-        mixed *= _MIX[2]
-        mixed ^= mixed >> np.uint64(29)
+    owner = np.repeat(np.arange(len(sample_offset)), starts[1:] - starts[:-1])
+    # (arrays of unsigned integers wrap around silently: no ``np.errstate``, which costs more
+    # than the arithmetic on a chunk's few hundred members)
+    relative = member_offset - sample_offset[owner]
+    mixed = relative * _MIX[0] ^ member_size * _MIX[1]
+    mixed ^= mixed >> np.uint64(31)
+    mixed *= _MIX[2]
+    mixed ^= mixed >> np.uint64(29)
     running = np.zeros(len(mixed) + 1, dtype=np.uint64)
     np.bitwise_xor.accumulate(mixed, out=running[1:])
     layout: npt.NDArray[np.uint64] = running[starts[1:]] ^ running[starts[:-1]]
