@@ -30,6 +30,7 @@ Batch 64, shuffling on, seed 0; the batch path unless ``--samples``.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from typing import Any
@@ -107,6 +108,7 @@ def once(out: str, workers: int, samples: bool) -> None:
 
     from loader import ShardDataset  # noqa: F401  (lazy in ``loader``: imported here, untimed)
 
+    gc.collect()  # the imports' garbage, before the timer, for every system (docs/benchmarks.md)
     t0 = time.perf_counter()
     ds, dl = _loader(out, workers, samples, persistent=False)  # the workers' exit is timed too
     n = nbytes = 0

@@ -23,6 +23,7 @@ beyond ``import torch``, as anonymous memory and mapped file pages
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -71,6 +72,7 @@ def child(system: str, out: str, workers: int) -> None:
 
         from bench.peers import litdata_
         from bench.peers.common import collate
+    gc.collect()  # the imports' garbage, before the timer, for every system (docs/benchmarks.md)
     t0, c0 = time.perf_counter(), os.times()
     n = nbytes = 0
     if system.startswith("shardprep"):

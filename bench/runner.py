@@ -16,6 +16,7 @@ Timings taken here (in-process, ``time.perf_counter``):
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import sys
@@ -95,6 +96,7 @@ def task_load(spec: dict[str, Any]) -> dict[str, Any]:
         importlib.import_module(name)
     import_s += time.perf_counter() - t
     pss0 = _own_pss()
+    gc.collect()  # the imports' garbage, before the timer, for every system (docs/benchmarks.md)
     t0 = time.perf_counter()
     make = mod.batch_loader if spec["params"].get("batches") else mod.loader
     dl = make(spec["out"], spec["batch_size"], spec["num_workers"], collate, spec["params"])
@@ -106,6 +108,7 @@ def task_tarloop(spec: dict[str, Any]) -> dict[str, Any]:
     """Reference reader: stream every tar shard with ``tarfile`` and group
     members into samples by key, batching 64 like the loaders (no torch)."""
     pss0 = _own_pss()
+    gc.collect()  # the imports' garbage, before the timer, for every system (docs/benchmarks.md)
     t0 = time.perf_counter()
     shards = sorted(str(p) for p in Path(spec["out"]).glob("*.tar"))
 
