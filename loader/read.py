@@ -45,6 +45,7 @@ import os
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any, BinaryIO, Protocol
 
@@ -596,6 +597,7 @@ def _narrow(values: npt.NDArray[np.uint64]) -> npt.NDArray[Any]:
 
 
 SHARED_INDEX_BYTES = 2 * INDEX_CACHE_BYTES  # index files at most this large in all are shared
+INDEX_THREADS = 4  # the threads ``checked_indexes`` reads and checks the indexes on, at most
 
 
 def checked_indexes(source: Source, manifest: Manifest) -> dict[int, ShardIndex]:
@@ -614,21 +616,29 @@ def checked_indexes(source: Source, manifest: Manifest) -> dict[int, ShardIndex]
     if source.remote or sum(e.index_bytes for e in manifest.shards) > SHARED_INDEX_BYTES:
         return {}
     reader = ShardReader(source, manifest)
-    found: dict[int, ShardIndex] = {}
-    total = 0
+
+    def load(shard: int) -> tuple[ShardIndex, int] | None:
+        try:
+            return reader._load_index(shard)
+        except (ManifestError, ChecksumMismatchError):
+            return None  # raised where the shard is read (see above)
+
+    # on up to INDEX_THREADS threads: sha256 and NumPy's checks let the GIL go over large
+    # arrays, so the indexes are checked on every core at once (`small`'s 26 MB of index files:
+    # 35 -> 24 ms here, on 2 cores); the threads are gone before a DataLoader forks its workers
+    shards = range(len(manifest.shards))
+    threads = min(INDEX_THREADS, os.cpu_count() or 1, len(shards))
     try:
-        for shard in range(len(manifest.shards)):
-            try:
-                index, size = reader._load_index(shard)
-            except (ManifestError, ChecksumMismatchError):
-                continue  # raised where the shard is read (see above)
-            found[shard] = index
-            total += size
-            if total > INDEX_CACHE_BYTES:
-                return {}
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="shardprep-index") as pool:
+                loaded = list(pool.map(load, shards))
+        else:
+            loaded = [load(shard) for shard in shards]
     finally:
         reader.close()
-    return found
+    if sum(got[1] for got in loaded if got is not None) > INDEX_CACHE_BYTES:
+        return {}
+    return {shard: got[0] for shard, got in zip(shards, loaded, strict=True) if got is not None}
 
 
 class ShardReader:
