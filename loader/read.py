@@ -597,7 +597,6 @@ def _narrow(values: npt.NDArray[np.uint64]) -> npt.NDArray[Any]:
 
 
 SHARED_INDEX_BYTES = 2 * INDEX_CACHE_BYTES  # index files at most this large in all are shared
-INDEX_THREADS = 4  # the threads ``checked_indexes`` reads and checks the indexes on, at most
 
 
 def checked_indexes(source: Source, manifest: Manifest) -> dict[int, ShardIndex]:
@@ -616,29 +615,32 @@ def checked_indexes(source: Source, manifest: Manifest) -> dict[int, ShardIndex]
     if source.remote or sum(e.index_bytes for e in manifest.shards) > SHARED_INDEX_BYTES:
         return {}
     reader = ShardReader(source, manifest)
-
-    def load(shard: int) -> tuple[ShardIndex, int] | None:
-        try:
-            return reader._load_index(shard)
-        except (ManifestError, ChecksumMismatchError):
-            return None  # raised where the shard is read (see above)
-
-    # on up to INDEX_THREADS threads: sha256 and NumPy's checks let the GIL go over large
-    # arrays, so the indexes are checked on every core at once (`small`'s 26 MB of index files:
-    # 35 -> 24 ms here, on 2 cores); the threads are gone before a DataLoader forks its workers
-    shards = range(len(manifest.shards))
-    threads = min(INDEX_THREADS, os.cpu_count() or 1, len(shards))
+    found: dict[int, ShardIndex] = {}
+    total = 0
+    # the next index file is read and hashed (sha256 lets the GIL go) on a second thread while
+    # this one decodes and checks the last: `small`'s 26 MB of index files 35 -> 26 ms here, and
+    # one index file more in memory at a time; the thread is gone before this returns
     try:
-        if threads > 1:
-            with ThreadPoolExecutor(threads, thread_name_prefix="shardprep-index") as pool:
-                loaded = list(pool.map(load, shards))
-        else:
-            loaded = [load(shard) for shard in shards]
+        with ThreadPoolExecutor(1, thread_name_prefix="shardprep-index") as pool:
+            ahead = pool.submit(reader._hashed_index, 0) if manifest.shards else None
+            for shard in range(len(manifest.shards)):
+                assert ahead is not None
+                hashed, ahead = ahead, None
+                if shard + 1 < len(manifest.shards):
+                    ahead = pool.submit(reader._hashed_index, shard + 1)
+                try:
+                    index, size = reader._checked_index(shard, *hashed.result())
+                except (ManifestError, ChecksumMismatchError):
+                    continue  # raised where the shard is read (see above)
+                found[shard] = index
+                total += size
+                if total > INDEX_CACHE_BYTES:
+                    break
+            if ahead is not None:
+                ahead.cancel()  # (or, begun already, waited for as the pool shuts down)
     finally:
         reader.close()
-    if sum(got[1] for got in loaded if got is not None) > INDEX_CACHE_BYTES:
-        return {}
-    return {shard: got[0] for shard, got in zip(shards, loaded, strict=True) if got is not None}
+    return found if total <= INDEX_CACHE_BYTES else {}
 
 
 class ShardReader:
@@ -733,6 +735,14 @@ class ShardReader:
 
     def _load_index(self, shard: int) -> tuple[ShardIndex, int]:
         """``shard``'s index read and checked (see ``index``), slimmed, and its size in bytes."""
+        return self._checked_index(shard, *self._hashed_index(shard))
+
+    def _hashed_index(self, shard: int) -> tuple[bytes, str]:
+        """The bytes of ``shard``'s index file and their sha256 (hex).
+
+        Raises:
+            ManifestError: the file cannot be read, or is larger than the manifest says.
+        """
         entry = self._manifest.shards[shard]
         where = self._source.path(entry.index_file)
         try:
@@ -744,7 +754,18 @@ class ShardReader:
             raise  # the server, not the index, failed: it names the URL itself
         except OSError as err:
             raise ManifestError(f"{where}: cannot read ({err})", where) from err
-        actual = hashlib.sha256(data).hexdigest()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def _checked_index(self, shard: int, data: bytes, actual: str) -> tuple[ShardIndex, int]:
+        """The index ``data`` (whose sha256 is ``actual``) of ``shard``, checked and slimmed,
+        and its size in bytes.
+
+        Raises:
+            ChecksumMismatchError: ``actual`` is not the sha256 the manifest records.
+            ManifestError: the index does not describe its shard (``check_index``).
+        """
+        entry = self._manifest.shards[shard]
+        where = self._source.path(entry.index_file)
         if actual != entry.index_sha256:
             raise ChecksumMismatchError.for_file(where, entry.index_sha256, actual)
         index = decode_index(data, where)
