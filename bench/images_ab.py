@@ -135,11 +135,33 @@ def memory(out: str) -> None:
     )
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """The machine's busy CPU time (user, nice, system, irq, softirq, steal) and its steal time
+    alone, in clock ticks since boot (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+            int, f.readline().split()[1:9]
+        )
+    return user + nice + system + irq + softirq + steal, steal
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """One child's epoch; with ``others``: the CPU-seconds the rest of the machine was busy
+    while the child ran (the machine's busy time less the child's and its workers' own), and
+    ``steal``: the time the hypervisor ran something else on this VM's CPUs (``/proc/stat``,
+    10 ms ticks: a disturbed round shows, not its cause)."""
+    busy0, steal0 = _cpu_jiffies()
+    t0 = os.times()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    t1 = os.times()
+    busy1, steal1 = _cpu_jiffies()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    tick = os.sysconf("SC_CLK_TCK")
+    result["steal"] = (steal1 - steal0) / tick
+    own = (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system)
+    result["others"] = max((busy1 - busy0) / tick - own, 0.0)  # the child's whole run, imports too
     return result
 
 
@@ -205,7 +227,8 @@ def main() -> None:
             results.setdefault(f"{name} w{w}", []).append(row)
             print(
                 f"round {r} {name} w{w}: {row['mbps']:,.0f} MB/s, {row['cpu_gb']:.2f} CPU-s/GB, "
-                f"load {load:.2f}, MemAvailable {avail:.0f} MiB, {got['samples']} samples",
+                f"load {load:.2f}, MemAvailable {avail:.0f} MiB, {got['samples']} samples; "
+                f"others' CPU {got['others']:.2f} s, steal {got['steal']:.2f} s",
                 flush=True,
             )
         print(f"round {r} cat: {results['cat'][-1]['mbps']:,.0f} MB/s", flush=True)
