@@ -4,13 +4,15 @@
         [--workers 0,2] [--litdata-python /tmp/parquet-bench-venv/bin/python]
 
 Each round runs every system once per worker count, in an order rotated from round to round,
-each epoch in a fresh subprocess: torch, the library and the dataset's imports are done before
+each epoch in a fresh subprocess: torch, the library and the dataset's imports are done, and
+``gc.collect()`` run (the collection the imports owe: not inside any system's epoch), before
 the timer starts; the timer covers making the dataset and DataLoader and one full epoch
 (batch 64, shuffle on, seed 0; with workers, their start and exit). Right before each run the
 system's own files are read to ``/dev/null`` (``cat``), so every system starts with its files in
 the page cache (``cat`` of the shardprep shards, timed, is the floor). Per run: MB/s of payload,
 CPU-seconds per GB (the process and its reaped children: ``os.times``, steadier than wall time on
-a shared machine), the 1-minute load average and ``MemAvailable`` before it. ``--base TREE``
+a shared machine), the 1-minute load average and ``MemAvailable`` before it, and the CPU the
+rest of the VM used and the hypervisor's steal while it ran (``/proc/stat``). ``--base TREE``
 adds ``shardprep-base``: the same epoch with ``TREE`` first on ``PYTHONPATH`` (an older
 checkout, for before/after in one run). ``--memory OUT``: peak memory of one in-process epoch
 beyond ``import torch``, as anonymous memory and mapped file pages

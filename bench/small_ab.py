@@ -6,7 +6,8 @@
 Each round runs every (system, workers) cell once, in an order rotated from round to
 round (round-robin), each in a fresh interpreter (``--python``: one interpreter for every
 system, e.g. a venv that holds litdata). In that interpreter torch, the loader and litdata
-are imported before the timer starts; the timer covers the dataset's construction, the
+are imported, and ``gc.collect()`` run (the collection the imports owe: not inside any
+system's epoch), before the timer starts; the timer covers the dataset's construction, the
 DataLoader's workers (started inside it) and one whole epoch, shuffled, seed 0, batches
 of ``--batch``. Before every run the files of the system about to run are read once
 (``cat`` to /dev/null), so each system starts from a warm page cache.
