@@ -35,12 +35,13 @@ from shardprep.format.errors import (
     is_interrupt,
 )
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
+from shardprep.format.shardformat import MANIFEST_NAME
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.scratch import OwnedFolder, sweep_stale
 from shardprep.spill import InventoryStore, StoreFolder
-from shardprep.storage import is_url
+from shardprep.storage import is_url, local_path
 from shardprep.weighting import Selection, select_samples
 from shardprep.write import ShardRecord
 
@@ -232,6 +233,38 @@ class _Stage(Enum):
     CHECK = "before OUT is touched"
     JOURNAL = "OUT is prepared, the journal is being written"
     WRITE = "the journal is written: resumable"
+
+
+def is_complete_output(out: str) -> bool:
+    """Whether local folder ``out`` holds a manifest and no build journal (False for a URL)."""
+    if is_url(out):
+        return False
+    folder = local_path(out)
+    return os.path.exists(os.path.join(folder, MANIFEST_NAME)) and not os.path.exists(
+        os.path.join(folder, JOURNAL_NAME)
+    )
+
+
+def interrupted_around(out: str, was_complete: bool, overwrite: bool) -> str | None:
+    """The advice for a Ctrl-C that landed around :func:`build` rather than inside it (in its
+    first steps, or as it returned), read from what local folder ``out`` holds now; None for a
+    URL (not looked at after a Ctrl-C). ``was_complete``: ``out`` held a manifest and no journal
+    before the build began."""
+    if is_url(out):
+        return None
+    journal = os.path.exists(os.path.join(local_path(out), JOURNAL_NAME))
+    complete = is_complete_output(out)
+    if journal:
+        instead = " instead of --overwrite" if overwrite else ""
+        return (
+            f"interrupted; the finished shards are kept in {out}: run the same command "
+            f"with --resume{instead} to finish the build"
+        )
+    if complete and not was_complete:
+        return f"interrupted after the build finished: {out} is complete"
+    if complete:
+        return f"interrupted: {out} holds the complete output it held before"
+    return "interrupted before any shard was written: run the same command again"
 
 
 def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -> BuildInterrupted:

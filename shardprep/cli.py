@@ -23,11 +23,17 @@ from shardprep.storage import is_url
 __all__ = ["main"]
 
 
-def _run(action: Callable[[], Any], progress: bool = False) -> Any:
+def _run(
+    action: Callable[[], Any],
+    progress: bool = False,
+    advice: Callable[[], str | None] | None = None,
+) -> Any:
     """Call ``action``, turning our exceptions into click errors with the right exit code.
 
     ``progress``: progress bars may be on stderr; a Ctrl-C can cut one mid-line,
-    so the interrupt message then starts with a line break of its own.
+    so the interrupt message then starts with a line break of its own. ``advice``: the
+    message for a Ctrl-C that ``action`` did not turn into a ``BuildInterrupted`` (one that
+    landed as it began or returned), if it can tell.
     """
     try:
         return action()
@@ -38,8 +44,10 @@ def _run(action: Callable[[], Any], progress: bool = False) -> Any:
     except (KeyboardInterrupt, SystemError) as err:
         if not is_interrupt(err):  # a SystemError that is not a Ctrl-C in disguise is a bug
             raise
-        # BuildInterrupted says how to go on; a bare Ctrl-C elsewhere has nothing to resume.
-        message = str(err) if isinstance(err, BuildInterrupted) else "interrupted"
+        # BuildInterrupted says how to go on; for a bare Ctrl-C, ``advice`` may (else none).
+        message = str(err) if isinstance(err, BuildInterrupted) else None
+        if message is None:
+            message = (advice() if advice is not None else None) or "interrupted"
         click.echo(("\n" if progress else "") + message, err=True)
         sys.exit(130)
 
@@ -202,10 +210,19 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     (s3://bucket/train, gs://..., ...). OUT is a folder or an fsspec URL.
     """
     from shardprep.builder import build as run_build
+    from shardprep.builder import interrupted_around, is_complete_output
 
     progress = not (quiet or as_json)
+    # (a Ctrl-C can land as the build begins or returns, outside its own handling: the advice
+    # then comes from what OUT holds, and whether it held a complete output before)
+    was_complete = is_complete_output(out)
+    overwrite = bool(options.get("overwrite"))
     with _stdout_to_stderr(as_json):  # --json: the summary alone on stdout
-        summary = _run(lambda: run_build(raw, out, progress=progress, **options), progress)
+        summary = _run(
+            lambda: run_build(raw, out, progress=progress, **options),
+            progress,
+            lambda: interrupted_around(out, was_complete, overwrite),
+        )
     if isinstance(click.get_current_context().obj, _OwnProcess):
         # The build is complete and the process about to exit: a Ctrl-C from now on would only
         # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
