@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -36,3 +37,13 @@ def write(path: Path, data: bytes | str = b"x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data.encode() if isinstance(data, str) else data)
     return path
+
+
+def class_folders(root: Path, seed: int, per_class: int = 20) -> Path:
+    """Three class folders ``c0``..``c2`` under ``root`` of ``per_class`` random files each
+    (300 + 7 * i bytes), the same for the same seed."""
+    rng = random.Random(seed)
+    for c in range(3):
+        for i in range(per_class):
+            write(root / f"c{c}" / f"{i:02d}.bin", rng.randbytes(300 + 7 * i))
+    return root

@@ -11,14 +11,13 @@ SystemError without a KeyboardInterrupt behind it is a bug and must stay visible
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import pytest
 
 from shardprep.format.errors import is_interrupt
 from shardprep.spill import InventoryStore
-from tests.faults.helpers import invoke, tree_hashes, write
+from tests.faults.helpers import class_folders, invoke, tree_hashes
 
 
 def _disguised() -> SystemError:
@@ -52,11 +51,7 @@ def test_is_interrupt_sees_through_system_errors_only() -> None:
 
 @pytest.fixture
 def raw(tmp_path: Path) -> Path:
-    rng = random.Random(3)
-    for c in range(3):
-        for i in range(20):
-            write(tmp_path / "raw" / f"c{c}" / f"{i:02d}.bin", rng.randbytes(300 + 7 * i))
-    return tmp_path / "raw"
+    return class_folders(tmp_path / "raw", seed=3)
 
 
 def _raise(err: BaseException):  # type: ignore[no-untyped-def]

@@ -5,7 +5,6 @@ complete. The advice now comes from what OUT holds."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,14 @@ import pytest
 
 import shardprep.builder
 from shardprep.format.manifest import JOURNAL_NAME
-from tests.faults.helpers import invoke, tree_hashes, write
+from tests.faults.helpers import class_folders, invoke, tree_hashes
 
 AGAIN = "interrupted before any shard was written: run the same command again"
 
 
 @pytest.fixture
 def raw(tmp_path: Path) -> Path:
-    rng = random.Random(5)
-    for c in range(3):
-        for i in range(12):
-            write(tmp_path / "raw" / f"c{c}" / f"{i:02d}.bin", rng.randbytes(200 + 9 * i))
-    return tmp_path / "raw"
+    return class_folders(tmp_path / "raw", seed=5, per_class=12)
 
 
 def _last_line(result: Any) -> str:
