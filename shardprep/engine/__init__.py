@@ -93,7 +93,9 @@ class Engine(Protocol):
         bounded staging; the Ray engine passes 0: its window of tasks comes on
         top). On an error or a
         Ctrl-C every running write is stopped before the exception leaves
-        this generator, so no partial file is being written afterwards.
+        this generator, so no partial file is being written afterwards (the Ray
+        engine waits for that at most ``CANCEL_WAIT_S`` and then names, in a
+        warning, the tasks Ray has not stopped).
         """
         ...
 

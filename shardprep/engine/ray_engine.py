@@ -16,7 +16,14 @@ the end (a local instance it started is shut down).
   process died on every attempt (killed for memory, crashed) fails it with a
   :class:`~shardprep.format.errors.WorkersDiedError` naming the shard or scan task.
 * Ctrl-C or a failure cancels every pending task (``ray.cancel(force=True)``)
-  and waits for them before the exception propagates.
+  and waits for them (at most ``CANCEL_WAIT_S``) before the exception propagates.
+  Tasks that end within ``CANCEL_GRACE_S`` are not cancelled: Ray 2.60 can abort the
+  driver when a cancel races the reply of a task that has just ended ("Check failed:
+  ... Tried to complete task that was not pending", the class of ray-project/ray#54846),
+  and the event that stops a build (a task's error, a Ctrl-C right after a shard
+  appears) often comes just as another task ends. A wait past ``CANCEL_NOTICE_S``
+  says which tasks it waits for (a second Ctrl-C ends it), and tasks still running at
+  the end are named in a warning (logger ``shardprep``).
 
 With a URL OUT each write task writes its shard on its own node (its ``TMPDIR``, one
 shard at a time) and uploads it into OUT itself (:mod:`shardprep.upload`); only the
@@ -27,6 +34,7 @@ included) are pickled into the tasks. shardprep itself must be importable on eve
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -50,8 +58,12 @@ R = TypeVar("R")
 
 MAX_RETRIES = 3  # Ray's per-task retry budget, for lost workers and transient errors alike
 CANCEL_WAIT_S = 60.0  # how long a failed or interrupted build waits for cancelled tasks
+CANCEL_NOTICE_S = 5.0  # a wait for cancelled tasks longer than this is announced
+CANCEL_GRACE_S = 0.25  # tasks ending within this are left to end, not cancelled (see above)
 POLL_S = 0.5
 CONNECT_TIMEOUT_S = 10.0
+
+LOG = logging.getLogger("shardprep")
 
 
 def import_ray() -> Any:
@@ -163,7 +175,7 @@ class RayEngine:
             while pending:
                 yield self._get(*pending.popleft())
         except BaseException:
-            self._cancel([ref for ref, _ in pending])
+            self._cancel({ref: f"scan task {number}" for ref, number in pending})
             raise
 
     def write_shards(
@@ -204,7 +216,7 @@ class RayEngine:
                         )
                     yield shard, record
         except BaseException:
-            self._cancel(list(pending))
+            self._cancel({ref: f"shard {shard}" for ref, shard in pending.items()})
             raise
 
     def _get(self, ref: Any, scan_task: int = -1, shard: int = -1) -> Any:
@@ -229,14 +241,52 @@ class RayEngine:
         except _worker_deaths(ray) as err:
             raise _workers_died(err, scan_task, shard) from err
 
-    def _cancel(self, refs: list[Any]) -> None:
-        """Cancel ``refs`` (killing running ones) and wait until Ray has stopped them all."""
+    def _cancel(self, tasks: dict[Any, str]) -> None:
+        """Cancel ``tasks`` (their refs, each with what it is: "shard 5") that do not end
+        within ``CANCEL_GRACE_S``, killing running ones, and wait until Ray has stopped them
+        all, at most ``CANCEL_WAIT_S``."""
         ray = self._ray
-        if not refs:
+        running = dict(tasks)
+        if not running:
             return
-        for ref in refs:
+        start = time.monotonic()
+        ended, _ = ray.wait(list(running), num_returns=len(running), timeout=CANCEL_GRACE_S)
+        for ref in ended:
+            del running[ref]
+        for ref in running:
             ray.cancel(ref, force=True)
-        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        announced = False
+        while running:
+            waited = time.monotonic() - start
+            if waited >= CANCEL_WAIT_S:
+                LOG.warning(
+                    "%d cancelled Ray task(s) still running after %.0f s: %s; they may still "
+                    "write into OUT: let them end (or stop them in Ray) before running this "
+                    "build again",
+                    len(running),
+                    waited,
+                    _named(running.values()),
+                )
+                return
+            if not announced and waited >= CANCEL_NOTICE_S:
+                announced = True
+                LOG.warning(
+                    "waiting up to %.0f s more for %d cancelled Ray task(s) to stop: %s "
+                    "(Ctrl-C again to stop waiting)",
+                    CANCEL_WAIT_S - waited,
+                    len(running),
+                    _named(running.values()),
+                )
+            step = min(POLL_S, CANCEL_WAIT_S - waited)
+            done, _ = ray.wait(list(running), num_returns=len(running), timeout=step)
+            for ref in done:
+                del running[ref]
+
+
+def _named(tasks: Iterable[str]) -> str:
+    """A few task names, then how many more."""
+    names = list(tasks)
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def _worker_deaths(ray: Any) -> tuple[type[BaseException], ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import shardprep
+from shardprep.engine import ray_engine
 from shardprep.format.errors import StalledError, WriteError
 from shardprep.scan import listing
 from tests.conftest import payload, write_class_folders
@@ -161,6 +163,85 @@ def test_a_lasting_failure_is_not_retried_and_fails_the_build(data: Data, cluste
     assert _attempts(data).count(6) == 1  # not retried
     assert not list(out.glob(".*.partial"))
     assert not (out / "manifest.json").exists()
+
+
+def _denied_while_held(data: Data, out: Path) -> WriteError:
+    """A build whose shard 7 fails for good while shard 5's write is held: the failure
+    cancels the tasks in flight, the held one among them."""
+    (data.faults / "hold-5").touch()
+    (data.faults / "deny-7").touch()
+    try:
+        with pytest.raises(WriteError, match="shard 7: .*injected lasting failure") as caught:
+            shardprep.build(
+                str(data.class_folders), str(out), shards=SHARDS, engine="ray", progress=False
+            )
+    finally:
+        (data.faults / "deny-7").unlink()
+        (data.faults / "hold-5").unlink(missing_ok=True)
+        (data.faults / "attempts").unlink(missing_ok=True)
+    return caught.value
+
+
+def test_a_long_wait_for_cancelled_tasks_names_them_and_ends_when_ray_stops_them(
+    data: Data, cluster: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_engine, "CANCEL_NOTICE_S", 0.0)  # announce the wait at once
+    with caplog.at_level(logging.WARNING, logger="shardprep"):
+        _denied_while_held(data, data.base / "folders-cancel-notice")
+    said = [r.getMessage() for r in caplog.records if r.name == "shardprep"]
+    assert len(said) == 1, said  # the announcement only: Ray stopped every task in time
+    assert said[0].startswith("waiting up to 60 s more for ")
+    assert "shard 5" in said[0] and "Ctrl-C again to stop waiting" in said[0]
+    assert not list((data.base / "folders-cancel-notice").glob(".*.partial"))
+
+
+def test_cancelled_tasks_still_running_at_the_deadline_are_named(
+    data: Data, cluster: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_engine, "CANCEL_WAIT_S", 0.0)  # the deadline passes at once
+    with caplog.at_level(logging.WARNING, logger="shardprep"):
+        _denied_while_held(data, data.base / "folders-cancel-deadline")
+    said = [r.getMessage() for r in caplog.records if r.name == "shardprep"]
+    assert len(said) == 1, said
+    assert "cancelled Ray task(s) still running after 0 s: " in said[0]
+    assert "shard 5" in said[0]  # held: it cannot have ended before Ray kills it
+    assert "before running this build again" in said[0]
+
+
+def _await_file(path: Path) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def test_a_task_ending_as_the_build_stops_is_left_to_end_not_cancelled(
+    cluster: str, tmp_path: Path
+) -> None:
+    """What stops a build (a task's error, a Ctrl-C just after a shard appears) often comes
+    as another task ends; cancelling that one can abort the driver inside Ray 2.60 (a cancel
+    racing the task's reply). A task that ends within the grace is left alone; one still
+    running after it is cancelled."""
+
+    @ray.remote(max_retries=0)
+    def ends_on(go: str, started: str) -> str:
+        open(started, "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        time.sleep(0.05)  # ends 50 ms after the go: inside the grace, after a cancel
+        return "ended"
+
+    engine = ray_engine.RayEngine(ray)
+    go, held = tmp_path / "go", tmp_path / "never"
+    soon = ends_on.remote(str(go), str(tmp_path / "soon-started"))
+    stuck = ends_on.remote(str(held), str(tmp_path / "stuck-started"))
+    _await_file(tmp_path / "soon-started")
+    _await_file(tmp_path / "stuck-started")
+    go.touch()  # the first task ends now, as the build stops
+    engine._cancel({soon: "shard 0", stuck: "shard 5"})
+    assert ray.get(soon, timeout=DEADLINE_S) == "ended"
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(stuck, timeout=DEADLINE_S)
 
 
 def _default_sigint() -> None:
