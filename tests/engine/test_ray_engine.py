@@ -165,13 +165,16 @@ def test_a_lasting_failure_is_not_retried_and_fails_the_build(data: Data, cluste
     assert not (out / "manifest.json").exists()
 
 
-def _denied_while_held(data: Data, out: Path) -> WriteError:
+def _denied_while_held(data: Data, out: Path, caplog: pytest.LogCaptureFixture) -> list[str]:
     """A build whose shard 7 fails for good while shard 5's write is held: the failure
-    cancels the tasks in flight, the held one among them."""
+    cancels the tasks in flight, the held one among them. What the build logged."""
     (data.faults / "hold-5").touch()
     (data.faults / "deny-7").touch()
     try:
-        with pytest.raises(WriteError, match="shard 7: .*injected lasting failure") as caught:
+        with (
+            caplog.at_level(logging.WARNING, logger="shardprep"),
+            pytest.raises(WriteError, match="shard 7: .*injected lasting failure"),
+        ):
             shardprep.build(
                 str(data.class_folders), str(out), shards=SHARDS, engine="ray", progress=False
             )
@@ -179,16 +182,14 @@ def _denied_while_held(data: Data, out: Path) -> WriteError:
         (data.faults / "deny-7").unlink()
         (data.faults / "hold-5").unlink(missing_ok=True)
         (data.faults / "attempts").unlink(missing_ok=True)
-    return caught.value
+    return [r.getMessage() for r in caplog.records if r.name == "shardprep"]
 
 
 def test_a_long_wait_for_cancelled_tasks_names_them_and_ends_when_ray_stops_them(
     data: Data, cluster: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ray_engine, "CANCEL_NOTICE_S", 0.0)  # announce the wait at once
-    with caplog.at_level(logging.WARNING, logger="shardprep"):
-        _denied_while_held(data, data.base / "folders-cancel-notice")
-    said = [r.getMessage() for r in caplog.records if r.name == "shardprep"]
+    said = _denied_while_held(data, data.base / "folders-cancel-notice", caplog)
     assert len(said) == 1, said  # the announcement only: Ray stopped every task in time
     assert said[0].startswith("waiting up to 60 s more for ")
     assert "shard 5" in said[0] and "Ctrl-C again to stop waiting" in said[0]
@@ -199,9 +200,7 @@ def test_cancelled_tasks_still_running_at_the_deadline_are_named(
     data: Data, cluster: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ray_engine, "CANCEL_WAIT_S", 0.0)  # the deadline passes at once
-    with caplog.at_level(logging.WARNING, logger="shardprep"):
-        _denied_while_held(data, data.base / "folders-cancel-deadline")
-    said = [r.getMessage() for r in caplog.records if r.name == "shardprep"]
+    said = _denied_while_held(data, data.base / "folders-cancel-deadline", caplog)
     assert len(said) == 1, said
     assert "cancelled Ray task(s) still running after 0 s: " in said[0]
     assert "shard 5" in said[0]  # held: it cannot have ended before Ray kills it
