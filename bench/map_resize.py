@@ -3,7 +3,7 @@
 Both run the same Pillow resize + JPEG re-encode per sample, with the same worker count, from the
 same class folders of JPEGs; times are end to end (each tool's own listing, workers, writing).
 Rounds interleave the tools. LitData needs ``pip install litdata`` (see bench/README.md: use a
-venv with ``--system-site-packages`` and ``-c bench/constraints.txt``).
+venv with ``--system-site-packages`` and ``-c constraints.txt``).
 
     python -m bench.map_resize --images 3000 --workers 2 --rounds 3 --dir /tmp/map-bench
 """

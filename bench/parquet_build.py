@@ -20,7 +20,7 @@ Peers that cannot be imported are skipped. Run from the repository root::
     python -m bench.parquet_build --work-dir /tmp/parquet-bench [--rows 20000] [--rounds 3]
 
 (peers: a venv with ``--system-site-packages`` and ``pip install -e ".[bench]" -c
-bench/constraints.txt``, see bench/README.md, then that venv's python.)
+constraints.txt``, see bench/README.md, then that venv's python.)
 """
 
 from __future__ import annotations
