@@ -141,11 +141,14 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
     # --- iteration ----------------------------------------------------------------
 
     def __iter__(self) -> EpochStream:
-        check_not_resplit()
-        check_not_rebatched(self.batch_size)
         info = worker_info()  # None in the main process (num_workers=0)
         if info is not None:
+            # first, before anything here can raise: a worker whose iteration is refused (the
+            # guards below) stays alive, waiting for work, and must still die with its trainer
             watch_trainer()  # this worker exits when its training process dies (loader.lifeline)
+        check_not_resplit()
+        check_not_rebatched(self.batch_size)
+        if info is not None:
             freeze_inherited()  # a full collection here must not copy the parent's heap
         worker, num_workers = info or (0, 1)
         rank, world_size = self._world()
