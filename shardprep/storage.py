@@ -31,7 +31,14 @@ from typing import Any
 from shardprep.format.errors import OutputError
 from shardprep.format.storage_options import merge_options
 
-__all__ = ["S3_DEFAULTS", "describe_error", "is_url", "local_path", "open_url"]
+__all__ = [
+    "S3_DEFAULTS",
+    "credentials_problem",
+    "describe_error",
+    "is_url",
+    "local_path",
+    "open_url",
+]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-:]*://")
 S3_DEFAULTS: dict[str, Any] = {
@@ -106,22 +113,77 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tupl
     return fs, str(path)
 
 
+_CREDENTIALS = (
+    "(for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or "
+    "--storage-option profile=..., key=..., secret=..., anon=true for a public bucket)"
+)
+# exception class names (botocore, google-auth, azure-identity) that mean "no usable
+# credentials were found", before any request was sent
+_NO_CREDENTIALS = frozenset(
+    {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "NoAuthTokenError",
+        "DefaultCredentialsError",
+        "CredentialUnavailableError",
+    }
+)
+# S3 error codes that mean "the credentials sent are not valid" (not: valid, but not allowed)
+_BAD_CREDENTIALS = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+        "AuthorizationHeaderMalformed",
+    }
+)
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from (``__cause__``, else ``__context__``)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def credentials_problem(err: BaseException) -> str | None:
+    """What is wrong with the credentials if ``err`` (or what it was raised from) says they
+    are missing or not valid; None for any other error (access denied to valid ones too)."""
+    for item in _chain(err):
+        names = {cls.__name__ for cls in type(item).__mro__}
+        if names & _NO_CREDENTIALS:
+            return f"no credentials found ({type(item).__name__}: {item})"
+        response = getattr(item, "response", None)  # botocore's ClientError
+        error = response.get("Error") if isinstance(response, dict) else None
+        if isinstance(error, dict) and error.get("Code") in _BAD_CREDENTIALS:
+            return f"the credentials are not valid ({error['Code']}: {error.get('Message', '')})"
+    return None
+
+
 def describe_error(url: str, err: BaseException) -> str:
     """``url``, what went wrong talking to its storage, and what to check; one line."""
+    credentials = credentials_problem(err)
+    if credentials is not None:
+        return f"{url}: {credentials}; set the credentials the backend uses {_CREDENTIALS}"
     if isinstance(err, FileNotFoundError) and "bucket" in str(err).lower():
         return f"{url}: the bucket does not exist ({err}); create it or fix the URL"
     if isinstance(err, PermissionError):
         return (
             f"{url}: access denied ({err}); check the credentials the backend uses "
-            "(for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or "
-            "--storage-option profile=..., key=..., secret=..., anon=true) and the bucket's "
-            "permissions"
+            f"{_CREDENTIALS} and the bucket's permissions"
         )
     if isinstance(err, FileNotFoundError):
         return f"{url}: not found ({err})"
     name = type(err).__name__
     return (
         f"{url}: cannot reach the storage ({name}: {err}); check the endpoint "
-        "(--storage-option 'client_kwargs={\"endpoint_url\": ...}' or AWS_ENDPOINT_URL), "
-        "the network and the credentials"
+        "(--storage-option 'client_kwargs={\"endpoint_url\": ...}' or AWS_ENDPOINT_URL) "
+        "and the network"
     )
