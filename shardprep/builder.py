@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -29,19 +29,22 @@ from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
 from shardprep.format.errors import (
     BuildInterrupted,
     InputError,
+    ManifestError,
     OutputError,
     StalledError,
     WriteError,
     is_interrupt,
 )
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
-from shardprep.format.shardformat import MANIFEST_NAME
+from shardprep.format.shardformat import MANIFEST_NAME, shard_name
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.scratch import OwnedFolder, sweep_stale
 from shardprep.spill import InventoryStore, StoreFolder
 from shardprep.storage import is_url, local_path
+from shardprep.transform import MapError, SampleMap
+from shardprep.url_output import read_manifest_at
 from shardprep.weighting import Selection, select_samples
 from shardprep.write import ShardRecord
 
@@ -73,6 +76,7 @@ class BuildSummary:
     files_per_s: float
     mb_per_s: float
     reused_shards: int
+    already_complete: bool = False  # --resume found OUT complete, built from this input: no-op
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
@@ -124,6 +128,14 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
                 inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
             )
         fingerprint = _fingerprint(inventory, config, selection)
+        complete = _already_complete(destination, config, fingerprint) if config.resume else None
+        if complete is not None:  # --resume of a finished build: nothing to do, not an error
+            detected = InputFormat(config.input_format) is InputFormat.AUTO
+            elapsed = time.perf_counter() - started
+            summary = _summary(
+                out, layout, detected, complete, inventory, elapsed, len(complete.shards)
+            )
+            return replace(summary, already_complete=True)
         # Tasks that may run on other machines (Ray) upload their shards into OUT themselves.
         upload = destination.prepare(tasks_elsewhere=not engine.shares_disk)
         stage = _Stage.JOURNAL
@@ -138,6 +150,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             config.raw_options(),
             config.map,  # --map: a transform.SampleMap, run in the write tasks
             upload,
+            destination.out_lock,  # held by every writer process too (shardprep.out_lock)
         )
         records, reused = _write_all(engine, context, destination, config)
         manifest = manifest_from_records(
@@ -189,6 +202,39 @@ def _scratch_errors(work: str) -> Iterator[None]:
             "and run the same command again",
             work,
         ) from err
+
+
+def _already_complete(
+    destination: Destination, config: BuildConfig, fingerprint: str
+) -> Manifest | None:
+    """With --resume: the manifest of OUT if it holds this very build complete (no journal,
+    a manifest of the same input fingerprint and options); None if there is a journal to
+    resume, or no manifest (``start_journal`` then says what OUT holds).
+
+    Raises:
+        InputError: OUT holds a complete build of other input or options.
+        ManifestError: a local OUT's manifest is invalid.
+    """
+    out = destination.out
+    if is_url(out):
+        if destination.has_journal():
+            return None
+        try:
+            manifest = read_manifest_at(out, config.out_options())
+        except ManifestError:
+            return None
+    elif is_complete_output(out):
+        manifest = read_manifest_at(out)
+    else:
+        return None
+    if manifest.input_fingerprint != fingerprint or manifest.options != config.output_options():
+        rebuild = config.interface.setting("overwrite")
+        raise InputError(
+            f"{out}: already holds a complete build, of other input or options, so there is "
+            f"nothing to resume: pass {rebuild} instead to rebuild it from this input",
+            out,
+        )
+    return manifest
 
 
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
@@ -271,11 +317,11 @@ def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -
     """The Ctrl-C error, with the advice that works in the state the build left OUT in."""
     out = destination.out
     journal = destination.has_journal()
+    interface = config.interface  # "run the same command ..." or "call shardprep.build ..."
     if stage is not _Stage.CHECK and journal:  # (with --overwrite, an old journal is gone by now)
-        instead = " instead of --overwrite" if config.overwrite else ""
+        again = interface.again("resume", "overwrite" if config.overwrite else None)
         return BuildInterrupted(
-            f"interrupted; the finished shards are kept in {out}: run the same command "
-            f"with --resume{instead} to finish the build",
+            f"interrupted; the finished shards are kept in {out}: {again} to finish the build",
             resumable=True,
         )
     if stage is _Stage.WRITE:  # the journal is gone only once the manifest is written
@@ -283,7 +329,7 @@ def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -
             f"interrupted after the build finished: {out} is complete", resumable=False
         )
     return BuildInterrupted(
-        "interrupted before any shard was written: run the same command again", resumable=False
+        f"interrupted before any shard was written: {interface.again()}", resumable=False
     )
 
 
@@ -362,6 +408,7 @@ def _write_all(
     """
     plan = context.plan
     records = destination.finished_records(len(plan)) if config.resume else {}
+    reused = len(records)
     todo = [s for s in range(len(plan)) if s not in records]
     total = sum(plan.shard_size(s) for s in todo)
 
@@ -379,6 +426,10 @@ def _write_all(
                 destination.shard_written(record)
     except StalledError:
         raise  # its sources may hang too: not stat-ed again here
+    except MapError as err:  # the worker named the sample; what to do depends on what is kept
+        kept = _kept_shards(destination, config, len(plan), len(records), reused)
+        advice = map_error_advice(kept, context.transform, config)
+        raise MapError(f"{err}. {advice}", err.shard_index) from err
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
         if changed is None:
@@ -391,6 +442,33 @@ def _write_all(
             err.shard_index,
         ) from err
     return [records[s] for s in range(len(plan))], len(plan) - len(todo)
+
+
+def _kept_shards(
+    destination: Destination, config: BuildConfig, num_shards: int, finished: int, reused: int
+) -> str:
+    """Which finished shards a failed write leaves in OUT, in words; claims none it cannot
+    know. ``finished``: shards this build reused or was told were written (``reused`` of them
+    reused); every write task has stopped."""
+    if not is_url(destination.out):  # a folder: what it holds now (others may have finished)
+        names = (shard_name(s, config.compression) for s in range(num_shards))
+        kept = sum(os.path.exists(os.path.join(destination.out, n)) for n in names)
+    elif destination.stages_locally and finished > reused:  # uploads stop with the build
+        if not reused:
+            return "the shards whose upload had finished are kept"
+        return f"the {reused} reused shard(s) are kept, and any whose upload had finished"
+    else:
+        kept = finished  # in OUT once written (tasks upload their own shards)
+    return f"the {kept} finished shard(s) are kept" if kept else "no shard was finished"
+
+
+def map_error_advice(kept: str, transform: SampleMap | None, config: BuildConfig) -> str:
+    """What to do after a ``--map`` function failed: OUT holds this build's journal, so the
+    same build with ``--resume`` (``resume=True``) and the fixed function under the same name
+    finishes it, reusing what is ``kept`` (see :func:`_kept_shards`)."""
+    name = f" {transform.name}" if transform is not None else ""
+    again = config.interface.again("resume", "overwrite" if config.overwrite else None)
+    return f"{kept[0].upper()}{kept[1:]}: fix the function, keeping its name{name}, and {again}"
 
 
 def _changed_source(samples: list[SampleRef]) -> str | None:

@@ -211,6 +211,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     """
     from shardprep.builder import build as run_build
     from shardprep.builder import interrupted_around, is_complete_output
+    from shardprep.interface import CLI
 
     progress = not (quiet or as_json)
     # (a Ctrl-C can land as the build begins or returns, outside its own handling: the advice
@@ -219,7 +220,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     overwrite = bool(options.get("overwrite"))
     with _stdout_to_stderr(as_json):  # --json: the summary alone on stdout
         summary = _run(
-            lambda: run_build(raw, out, progress=progress, **options),
+            lambda: run_build(raw, out, progress=progress, interface=CLI, **options),
             progress,
             lambda: interrupted_around(out, was_complete, overwrite),
         )
@@ -227,6 +228,8 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
         # The build is complete and the process about to exit: a Ctrl-C from now on would only
         # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if summary.already_complete:  # --resume of a finished build: exit 0, as a pipeline wants
+        click.echo(f"{out}: the build is already complete; nothing to resume", err=True)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
@@ -262,7 +265,9 @@ def _format_summary(s: dict[str, Any]) -> str:
     how = "auto-detected" if s["layout_detected"] else "--format"
     return "\n".join(
         [
-            f"wrote {s['num_shards']} shards to {s['out']}",
+            f"already complete: {s['num_shards']} shards in {s['out']}"
+            if s["already_complete"]
+            else f"wrote {s['num_shards']} shards to {s['out']}",
             f"  input     {s['layout']} ({how})",
             f"  samples   {s['num_samples']} ({s['min_shard_samples']}-{s['max_shard_samples']} per shard), "
             f"{s['num_classes']} classes",

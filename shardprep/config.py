@@ -11,6 +11,7 @@ from typing import Any
 
 from shardprep.format.errors import PlanError
 from shardprep.format.storage_options import merge_options
+from shardprep.interface import PYTHON, Interface
 from shardprep.transform import load_map
 
 __all__ = ["BuildConfig", "default_workers"]
@@ -32,7 +33,9 @@ class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
     ``workers``, ``engine``, ``ray_address``, ``stall_timeout``, ``overwrite``, ``resume``,
-    ``progress`` and the storage options change how the build runs, never what it writes.
+    ``progress``, ``interface`` and the storage options change how the build runs, never what
+    it writes. ``interface`` is how messages name options (``--shards`` for the CLI,
+    ``shards=`` for Python: :mod:`shardprep.interface`).
     Storage options are fsspec's, for a RAW or OUT given as a URL (and URLs in a listing):
     ``storage_options`` apply to both, ``raw_storage_options`` to the input only and
     ``out_storage_options`` to OUT only, each on top of ``storage_options`` (one key deep,
@@ -65,36 +68,45 @@ class BuildConfig:
     out_storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     # --map: "MODULE:FUNCTION" or a callable, made a transform.SampleMap (recorded by name)
     map: Any = None
+    # how messages name options: --shards (the CLI passes interface.CLI) or shards= (Python)
+    interface: Interface = field(default=PYTHON, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "map", load_map(self.map))  # PlanError if it does not import
+        # PlanError if the map does not import
+        object.__setattr__(self, "map", load_map(self.map, self.interface))
+        o = self.interface.option  # messages name --shards on the CLI, shards= in Python
         if self.shards < 1:
-            raise PlanError(f"--shards must be at least 1 (got {self.shards})")
+            raise PlanError(f"{o('shards')} must be at least 1 (got {self.shards})")
         if self.seed < 0:
-            raise PlanError(f"--seed must be a non-negative integer (got {self.seed})")
+            raise PlanError(f"{o('seed')} must be a non-negative integer (got {self.seed})")
         if self.compression not in COMPRESSIONS:
-            raise PlanError(f"--compress must be one of {', '.join(COMPRESSIONS)}")
+            raise PlanError(f"{o('compression')} must be one of {', '.join(COMPRESSIONS)}")
         if not 1 <= self.zstd_level <= 22:
-            raise PlanError(f"--zstd-level must be between 1 and 22 (got {self.zstd_level})")
+            raise PlanError(f"{o('zstd_level')} must be between 1 and 22 (got {self.zstd_level})")
         if self.workers is not None and self.workers < 1:
-            raise PlanError(f"--workers must be at least 1 (got {self.workers})")
+            raise PlanError(f"{o('workers')} must be at least 1 (got {self.workers})")
         if self.engine not in ENGINES:
-            raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
+            raise PlanError(
+                f"{o('engine')} must be one of {', '.join(ENGINES)} (got {self.engine!r})"
+            )
         if self.ray_address is not None and self.engine != "ray":
-            raise PlanError("--ray-address needs --engine ray")
+            raise PlanError(f"{o('ray_address')} needs {self.interface.setting('engine', 'ray')}")
         if not self.stall_timeout > 0:
-            raise PlanError(f"--stall-timeout must be positive (got {self.stall_timeout})")
+            raise PlanError(f"{o('stall_timeout')} must be positive (got {self.stall_timeout})")
         if self.num_samples is not None and self.num_samples < 1:
-            raise PlanError(f"--num-samples must be at least 1 (got {self.num_samples})")
+            raise PlanError(f"{o('num_samples')} must be at least 1 (got {self.num_samples})")
         if self.overwrite and self.resume:
-            raise PlanError("--overwrite and --resume exclude each other")
+            raise PlanError(f"{o('overwrite')} and {o('resume')} exclude each other")
         weight_flags = self.num_samples is not None or self.keep_all or self.weights_only
         if weight_flags and self.class_weights is None:
-            raise PlanError("--num-samples, --keep-all and --weights-only need --class-weights")
+            raise PlanError(
+                f"{o('num_samples')}, {o('keep_all')} and {o('weights_only')} need "
+                f"{o('class_weights')}"
+            )
         if self.keep_all and self.weights_only:
-            raise PlanError("--keep-all and --weights-only exclude each other")
+            raise PlanError(f"{o('keep_all')} and {o('weights_only')} exclude each other")
         if self.num_samples is not None and self.weights_only:
-            raise PlanError("--num-samples and --weights-only exclude each other")
+            raise PlanError(f"{o('num_samples')} and {o('weights_only')} exclude each other")
 
     def output_options(self) -> dict[str, Any]:
         """The options recorded in the manifest: exactly those that affect the output bytes."""
@@ -109,6 +121,7 @@ class BuildConfig:
             "storage_options",
             "raw_storage_options",
             "out_storage_options",
+            "interface",
         }
         options = {k: v for k, v in asdict(self).items() if k not in runtime and k != "map"}
         if self.key_column is None:  # absent unless given: manifests of other builds unchanged

@@ -18,9 +18,11 @@ returned dict's order, then ``cls``, then ``weight``. Anything else (another key
 class, a payload that is not bytes, no member, an extension that is empty, starts with ``.``
 or ``__`` or holds ``/`` or a control character) is refused with a :class:`MapError` naming
 the sample and shard; so is an exception the function raises, ``SystemExit`` (``sys.exit``)
-included (``KeyboardInterrupt`` is Ctrl-C: the build stops as interrupted). The build then
-stops; the finished shards are kept, and ``--resume`` with the same map name (the function
-fixed in place) finishes the build. A map that ends its process itself (``os._exit``) cannot
+included (``KeyboardInterrupt`` is Ctrl-C: the build stops as interrupted), even one whose
+``str()`` itself raises (it is named by its type). The build then stops; the shards already
+finished are kept, and ``--resume`` (``resume=True``) with the same map name (the function
+fixed in place) finishes the build: the builder ends the message with that advice
+(:func:`shardprep.builder.map_error_advice`), saying how many finished shards are kept. A map that ends its process itself (``os._exit``) cannot
 be caught: with ``--workers 1`` the build's own process ends there, exit status and all.
 
 The manifest records the map as ``"map": "module:qualname"``; ``--resume`` compares that
@@ -38,8 +40,10 @@ from collections.abc import Callable
 from typing import Any
 
 from shardprep.format.errors import PlanError, WriteError
+from shardprep.format.shardformat import MAX_EXTENSIONS
+from shardprep.interface import PYTHON, Interface
 
-__all__ = ["MapError", "SampleMap", "apply_map", "load_map"]
+__all__ = ["MapError", "SampleMap", "apply_map", "describe_exception", "load_map"]
 
 KEY = "__key__"
 KEPT = ("cls", "weight")  # shardprep's own members: a map must return them unchanged
@@ -142,10 +146,13 @@ def _importable(name: str, fn: object) -> bool:
         return False
 
 
-def load_map(spec: str | Callable[[Sample], Any] | SampleMap | None) -> SampleMap | None:
+def load_map(
+    spec: str | Callable[[Sample], Any] | SampleMap | None, interface: Interface = PYTHON
+) -> SampleMap | None:
     """The :class:`SampleMap` for ``--map MODULE:FUNCTION`` or a callable (None for none).
 
     ``MODULE`` is imported as ``python -m`` would, with the current folder on ``sys.path``.
+    ``interface``: messages name ``--map`` (the CLI) or ``map=`` (Python).
 
     Raises:
         PlanError: ``spec`` is not ``MODULE:FUNCTION``, does not import, or is not callable.
@@ -153,9 +160,10 @@ def load_map(spec: str | Callable[[Sample], Any] | SampleMap | None) -> SampleMa
     if spec is None or isinstance(spec, SampleMap):
         return spec
     if isinstance(spec, str):
+        given = interface.setting("map", spec)
         module_name, colon, qualname = spec.partition(":")
         if not (colon and module_name and qualname):
-            raise PlanError(f"--map {spec!r}: give MODULE:FUNCTION, e.g. mypackage.prep:resize")
+            raise PlanError(f"{given}: give MODULE:FUNCTION, e.g. mypackage.prep:resize")
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
@@ -164,14 +172,14 @@ def load_map(spec: str | Callable[[Sample], Any] | SampleMap | None) -> SampleMa
             raise
         except BaseException as err:  # a module that calls sys.exit() as it is imported too
             raise PlanError(
-                f"--map {spec}: cannot import it ({type(err).__name__}: {err}); MODULE must be "
+                f"{given}: cannot import it ({describe_exception(err)}); MODULE must be "
                 "importable from the current folder or the Python path, FUNCTION defined in it"
             ) from err
         if not callable(fn):
-            raise PlanError(f"--map {spec}: {type(fn).__name__} is not callable")
+            raise PlanError(f"{given}: {type(fn).__name__} is not callable")
         return SampleMap(spec, fn)
     if not callable(spec):
-        raise PlanError(f"map={spec!r}: need a callable or 'MODULE:FUNCTION'")
+        raise PlanError(f"{interface.setting('map', spec)}: need a callable or 'MODULE:FUNCTION'")
     module = getattr(spec, "__module__", None) or type(spec).__module__
     qualname = getattr(spec, "__qualname__", None) or type(spec).__qualname__
     return SampleMap(f"{module}:{qualname}", spec)
@@ -187,24 +195,30 @@ def apply_map(
     """``members`` of sample ``key`` after ``sample_map``, checked (see the module doc).
 
     Raises:
-        MapError: the function raised, or returned what cannot be written; names the sample.
+        MapError: the function raised, or returned what cannot be written; names the sample
+            and what went wrong (what to do is the builder's to add: it knows what is kept).
     """
     sample: Sample = {KEY: key}
     sample.update(members)
     kept = {ext: sample[ext] for ext in KEPT if ext in sample}
-    where = f"shard {shard}: --map {sample_map.name} on sample {key!r} (from {source!r})"
+    where = f"shard {shard}: map {sample_map.name} on sample {key!r} (from {source!r})"
     try:
         result = sample_map(sample)
     except KeyboardInterrupt:
         raise  # Ctrl-C (or a map that raises it): the build's own interrupt handling
     except BaseException as err:  # SystemExit (sys.exit) too: it must not end the build quietly
-        raise MapError(
-            f"{where} raised {type(err).__name__}: {err}{_place(err)}. The finished shards are "
-            "kept: fix the function (same MODULE:FUNCTION) and run the same command with "
-            "--resume",
-            shard,
-        ) from err
+        raise MapError(f"{where} raised {describe_exception(err)}{_place(err)}", shard) from err
     return _checked(result, key, kept, where, shard)
+
+
+def describe_exception(err: BaseException) -> str:
+    """``Type: message`` of ``err``; an exception whose ``str()`` raises is named by its type
+    and what that raised, never by a second traceback."""
+    try:
+        text = str(err)
+    except Exception as inner:  # noqa: BLE001 - a broken __str__ must not hide the error itself
+        return f"{type(err).__name__} (its message cannot be shown: str() raised {type(inner).__name__})"
+    return f"{type(err).__name__}: {text}"
 
 
 def _place(err: BaseException) -> str:
@@ -216,12 +230,19 @@ def _checked(
     result: Any, key: str, kept: dict[str, bytes], where: str, shard: int
 ) -> list[tuple[str, bytes]]:
     def refuse(problem: str) -> MapError:
-        return MapError(f"{where}: {problem}; fix the function and run again", shard)
+        return MapError(f"{where}: {problem}", shard)
 
     if not isinstance(result, dict):
         raise refuse(f"returned {type(result).__name__}, not a sample dict")
     if result.get(KEY) != key:
         raise refuse(f"changed the key {key!r} to {result.get(KEY)!r} (a map must keep {KEY})")
+    count = sum(1 for ext in result if ext != KEY and ext not in KEPT)
+    if False:
+        raise refuse(
+            f"returned {count:,} members; a sample holds at most {MAX_EXTENSIONS:,} (a shard "
+            "numbers its member extensions in 16 bits): put per-item data inside one member "
+            "(an .npz, a .json, a .tar) instead of one member per item"
+        )
     for ext in KEPT:
         if result.get(ext) != kept.get(ext):
             what = "class" if ext == "cls" else "weight"

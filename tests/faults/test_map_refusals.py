@@ -3,7 +3,7 @@
 Each stops the build with a MapError that names the shard, the sample and the map, leaves no
 partial file, and keeps the finished shards: --resume with the same map name (the function
 fixed in place) finishes the build byte-identical to a clean one; another map, or none, is
-refused.
+refused. The message ends with what to do, saying how many finished shards are kept.
 """
 
 from __future__ import annotations
@@ -82,10 +82,14 @@ def test_a_sample_the_map_returns_badly_is_refused_naming_it(
             str(raw), str(out), shards=SHARDS, workers=workers, map=spec, progress=False
         )
     message = str(caught.value)
-    prefix = rf"shard {caught.value.shard_index}: --map {spec} on sample '[^']+' \(from '[^']+'\): "
+    prefix = rf"shard {caught.value.shard_index}: map {spec} on sample '[^']+' \(from '[^']+'\): "
     assert caught.value.shard_index in range(SHARDS)
     assert re.match(prefix + problem, message), message
-    assert message.endswith("; fix the function and run again")
+    assert message.endswith(  # every sample is refused: no shard finished, none is claimed
+        f". No shard was finished: fix the function, keeping its name {spec}, and call "
+        "shardprep.build again with the same arguments and resume=True"
+    )
+    assert not list(out.glob("shard-*"))
     _assert_stopped_cleanly(out)
 
 
@@ -97,11 +101,12 @@ def test_an_exception_stops_the_build_and_resume_with_the_fixed_map_finishes(
         shardprep.build(str(raw), str(out), shards=SHARDS, workers=1, map=HALF, progress=False)
     message = str(caught.value)
     assert caught.value.shard_index == FAILING_SHARD
-    assert message.startswith(f"shard {FAILING_SHARD}: --map {HALF} on sample {fail_key!r} (from ")
+    assert message.startswith(f"shard {FAILING_SHARD}: map {HALF} on sample {fail_key!r} (from ")
     assert "raised ValueError: cannot decode this one (at " in message
     assert "map_functions.py:" in message
     assert message.endswith(
-        "fix the function (same MODULE:FUNCTION) and run the same command with --resume"
+        f". The {FAILING_SHARD} finished shard(s) are kept: fix the function, keeping its name "
+        f"{HALF}, and call shardprep.build again with the same arguments and resume=True"
     )
     _assert_stopped_cleanly(out)
     assert (out / JOURNAL_NAME).exists()
@@ -138,6 +143,6 @@ def test_an_oserror_from_the_map_is_a_map_error_not_an_input_problem(
 ) -> None:
     out = tmp_path / "out"  # Pillow's UnidentifiedImageError is an OSError
     spec = "tests.integration.map_functions:decodes_garbage"
-    with pytest.raises(MapError, match=rf"--map {spec} on sample .* raised UnidentifiedImageError"):
+    with pytest.raises(MapError, match=rf"map {spec} on sample .* raised UnidentifiedImageError"):
         shardprep.build(str(raw), str(out), shards=SHARDS, workers=1, map=spec, progress=False)
     _assert_stopped_cleanly(out)

@@ -212,7 +212,7 @@ def test_a_lambda_travels_to_ray_tasks_by_value(data: Data, cluster: None) -> No
 
 def test_a_refusal_in_a_ray_task_names_the_sample(data: Data, cluster: None) -> None:
     out = data.base / "new-key-ray"
-    with pytest.raises(MapError, match=r"^shard \d: --map .*:new_key on sample '[^']+' ") as err:
+    with pytest.raises(MapError, match=r"^shard \d: map .*:new_key on sample '[^']+' ") as err:
         shardprep.build(
             str(data.raw),
             str(out),

@@ -103,8 +103,9 @@ def test_killed_build_then_resume_is_byte_identical(raw: Path, clean: Path, tmp_
     assert summary.num_samples == 320
     assert _hashes(out) == _hashes(clean)  # same files, same bytes; no journal, no partials
 
-    with pytest.raises(InputError, match="already complete; nothing to resume"):
-        shardprep.build(str(raw), str(out), resume=True, workers=1, **OPTIONS)
+    again = shardprep.build(str(raw), str(out), resume=True, workers=1, **OPTIONS)
+    assert again.already_complete and again.reused_shards == summary.num_shards
+    assert _hashes(out) == _hashes(clean)  # a resume of a complete build changes nothing
 
 
 def test_resume_with_other_options_or_input_is_refused(
@@ -146,9 +147,19 @@ def test_resume_with_nothing_to_resume_is_refused(raw: Path, clean: Path, tmp_pa
         shardprep.build(str(raw), str(tmp_path / "absent"), resume=True, workers=1, **OPTIONS)
     done = tmp_path / "done"
     shutil.copytree(clean, done)
-    with pytest.raises(InputError, match="already complete") as info:
-        shardprep.build(str(raw), str(done), resume=True, workers=1, **OPTIONS)
-    assert str(done) in str(info.value)
+    summary = shardprep.build(str(raw), str(done), resume=True, workers=1, **OPTIONS)
+    assert summary.already_complete
+    assert (summary.num_shards, summary.reused_shards, summary.num_samples) == (
+        OPTIONS["shards"],
+        OPTIONS["shards"],
+        320,
+    )
+    with pytest.raises(InputError) as info:  # complete, but not this build: not "resumed"
+        shardprep.build(str(raw), str(done), resume=True, workers=1, **{**OPTIONS, "seed": 5})
+    assert str(info.value) == (
+        f"{done}: already holds a complete build, of other input or options, so there is "
+        "nothing to resume: pass overwrite=True instead to rebuild it from this input"
+    )
     assert _hashes(done) == _hashes(clean)
 
 

@@ -142,9 +142,16 @@ def test_cli_with_storage_options_then_environment(
         "pass --overwrite to replace a previous build, --resume to finish an interrupted one, "
         "or choose an empty prefix"
     )
-    done = _cli(str(raw), url, *options, "--resume", env=env)
-    assert done.returncode == 1
-    assert f"{url}: the build is already complete; nothing to resume" in done.stderr
+    done = _cli(str(raw), url, *options, "--resume", env=env)  # a pipeline's step may always
+    assert done.returncode == 0, done.stderr  # pass --resume: a finished build is no error
+    assert done.stderr.strip() == f"{url}: the build is already complete; nothing to resume"
+    assert _objects(fs, f"{bucket}/out") == first
+    other = _cli(str(raw), url, *options, "--resume", "--seed", "1", env=env)
+    assert other.returncode == 1
+    assert other.stderr.strip() == (
+        f"Error: {url}: already holds a complete build, of other input or options, so there "
+        "is nothing to resume: pass --overwrite instead to rebuild it from this input"
+    )
     replaced = _cli(str(raw), url, *options, "--overwrite", "--seed", "1", env=env)
     assert replaced.returncode == 0, replaced.stderr
     assert _objects(fs, f"{bucket}/out") == _local(raw, tmp_path / "seed1", shards=4, seed=1)
