@@ -400,6 +400,10 @@ class MixedStream:
         """Samples of each source every rank streams per epoch (``m_i``)."""
         return source_counts(self.samples_per_epoch, self.weights, world_size)
 
+    def epoch_counts(self, world_size: int) -> list[int]:
+        """Samples of each source the whole epoch holds (``W * m_i``), ``drop_last`` aside."""
+        return [world_size * m for m in self.counts(world_size)]
+
     def samples_per_rank(self, world_size: int) -> int:
         """Samples every rank receives per epoch (before ``drop_last``)."""
         return sum(self.counts(world_size))

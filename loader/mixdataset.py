@@ -7,7 +7,7 @@ from typing import Any
 
 from loader.core import ShardStream
 from loader.groups import GroupedStream
-from loader.mix import MixedStream
+from loader.mix import MixedPlan, MixedStream, PerSourcePlan
 from loader.torchlayer import TorchLayer
 from loader.torchoutput import TorchOutput
 
@@ -40,6 +40,33 @@ class MixedDataset(TorchLayer):
     ) -> None:
         stream = MixedStream(sources, weights, output=TorchOutput(), **options)
         super().__init__(stream, rank, world_size)
+        self.stream: MixedStream = stream
+
+    # The counts and plans of docs/mixing.md, from the stream (the one implementation).
+
+    def counts(self, world_size: int) -> list[int]:
+        """Samples of each source every rank streams per epoch (``m_i``)."""
+        return self.stream.counts(world_size)
+
+    def epoch_counts(self, world_size: int) -> list[int]:
+        """Samples of each source the whole epoch holds (``W * m_i``), ``drop_last`` aside."""
+        return self.stream.epoch_counts(world_size)
+
+    def samples_per_rank(self, world_size: int) -> int:
+        """Samples every rank receives per epoch (``sum(counts(W))``, before ``drop_last``)."""
+        return self.stream.samples_per_rank(world_size)
+
+    def batches_per_rank(self, world_size: int) -> int:
+        """Batches every rank yields per epoch (``len(ds)`` at that world size)."""
+        return self.stream.batches_per_rank(world_size)
+
+    def plan(self, epoch: int, world_size: int) -> MixedPlan | PerSourcePlan:
+        """A rank's batch plan of ``epoch`` (the same on every rank), computed batch by batch.
+
+        ``len(plan)`` batches; ``plan.row(j)`` (``"mixed"``) the samples of each source in
+        batch ``j``; ``list(plan)`` one row per batch (small epochs only).
+        """
+        return self.stream.plan(epoch, world_size)
 
 
 class GroupedDataset(TorchLayer):
@@ -60,4 +87,14 @@ class GroupedDataset(TorchLayer):
         world_size: int | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(GroupedStream(groups, output=TorchOutput(), **options), rank, world_size)
+        stream = GroupedStream(groups, output=TorchOutput(), **options)
+        super().__init__(stream, rank, world_size)
+        self.stream: GroupedStream = stream
+
+    def samples_per_rank(self, world_size: int) -> int:
+        """Samples every rank streams per epoch: ``steps * batch_size`` (any group)."""
+        return self.stream.samples_per_rank(world_size)
+
+    def batches_per_rank(self, world_size: int) -> int:
+        """Batches every rank yields per epoch: ``steps`` (``len(ds)``)."""
+        return self.stream.batches_per_rank(world_size)

@@ -13,8 +13,8 @@ import torch.utils.data
 from loader import IncompatibleStateError
 from loader.core import ShardStream
 from loader.groups import GroupedStream
-from loader.mix import MixedStream
-from loader.mixdataset import MixedDataset
+from loader.mix import MixedPlan, MixedStream, PerSourcePlan
+from loader.mixdataset import GroupedDataset, MixedDataset
 
 
 def test_class_weights_of_a_source_still_apply(built: Path, built_zstd: Path) -> None:
@@ -146,3 +146,48 @@ def test_bad_weights_are_refused_naming_the_weight(built: Path) -> None:
         MixedDataset([str(built), str(built)], [1, float("nan")], batch_size=4)
     with pytest.raises(ValueError, match=r"are all zero"):
         MixedDataset([str(built), str(built)], [0, 0], batch_size=4)
+
+
+def test_the_documented_counts_and_plan_of_a_mixed_dataset(built: Path, built_zstd: Path) -> None:
+    """docs/mixing.md's example on the dataset itself: N = 3000, weights 0.2/0.3/0.5, 3 ranks.
+
+    ``ds.counts``, ``ds.epoch_counts``, ``ds.samples_per_rank``, ``ds.batches_per_rank`` and
+    ``ds.plan`` (200/300/500 per rank; B = 30: 33 batches of 6/9/15 and one of 2/3/5), and the
+    batches a rank streams hold exactly the plan's rows.
+    """
+    sources = [str(built), str(built_zstd), str(built)]
+    ds = MixedDataset(sources, [0.2, 0.3, 0.5], batch_size=30, samples_per_epoch=3000,
+                      rank=1, world_size=3)  # fmt: skip
+    assert ds.counts(3) == [200, 300, 500]
+    assert ds.epoch_counts(3) == [600, 900, 1500]
+    assert ds.samples_per_rank(3) == 1000 == ds.num_samples
+    assert ds.counts(1) == [600, 900, 1500] and ds.epoch_counts(2) == [600, 900, 1500]
+    assert ds.counts(7) == [85, 128, 214] and ds.epoch_counts(7) == [595, 896, 1498]
+    plan = ds.plan(0, 3)
+    assert isinstance(plan, MixedPlan)
+    rows = list(plan)
+    assert len(plan) == len(rows) == ds.batches_per_rank(3) == len(ds) == 34
+    assert rows[-1] == plan.row(33) == [2, 3, 5]
+    assert Counter(map(tuple, rows[:-1])) == {(6, 9, 15): 33}
+    streamed = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    assert [torch.bincount(b["__source__"], minlength=3).tolist() for b in streamed] == rows
+
+    per_source = MixedDataset(sources, [0.2, 0.3, 0.5], batch_size=30, samples_per_epoch=3000,
+                              batching="per_source", drop_last=True, rank=0, world_size=3)  # fmt: skip
+    plan = per_source.plan(2, 3)
+    assert isinstance(plan, PerSourcePlan)
+    # floor(200/30), floor(300/30), floor(500/30) batches of 30, one source each
+    assert sorted(Counter(r.index(30) for r in plan).items()) == [(0, 6), (1, 10), (2, 16)]
+    assert len(plan) == per_source.batches_per_rank(3) == len(per_source) == 32
+
+
+def test_the_documented_counts_of_a_grouped_dataset(built: Path, built_zstd: Path) -> None:
+    """A = 103 and B = 1001 samples, 2 ranks each, B = 16: S = min(103 // 32, 1001 // 32) = 3."""
+    from loader.errors import WorldMismatchError
+
+    ds = GroupedDataset([(str(built), [0, 1]), (str(built_zstd), [2, 3])], batch_size=16,
+                        rank=3, world_size=4)  # fmt: skip
+    assert ds.samples_per_rank(4) == 48 == ds.num_samples
+    assert ds.batches_per_rank(4) == len(ds) == 3
+    with pytest.raises(WorldMismatchError, match="make a world of 4, not 3"):
+        ds.samples_per_rank(3)
