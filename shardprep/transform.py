@@ -22,7 +22,8 @@ included (``KeyboardInterrupt`` is Ctrl-C: the build stops as interrupted), even
 ``str()`` itself raises (it is named by its type). The build then stops; the shards already
 finished are kept, and ``--resume`` (``resume=True``) with the same map name (the function
 fixed in place) finishes the build: the builder ends the message with that advice
-(:func:`shardprep.builder.map_error_advice`), saying how many finished shards are kept. A map that ends its process itself (``os._exit``) cannot
+(:func:`shardprep.builder.map_error_advice`), saying how many finished shards are kept.
+A map that ends its process itself (``os._exit``) cannot
 be caught: with ``--workers 1`` the build's own process ends there, exit status and all.
 
 The manifest records the map as ``"map": "module:qualname"``; ``--resume`` compares that
@@ -237,7 +238,7 @@ def _checked(
     if result.get(KEY) != key:
         raise refuse(f"changed the key {key!r} to {result.get(KEY)!r} (a map must keep {KEY})")
     count = sum(1 for ext in result if ext != KEY and ext not in KEPT)
-    if False:
+    if count > MAX_EXTENSIONS:
         raise refuse(
             f"returned {count:,} members; a sample holds at most {MAX_EXTENSIONS:,} (a shard "
             "numbers its member extensions in 16 bits): put per-item data inside one member "
