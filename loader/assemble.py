@@ -40,7 +40,7 @@ from loader.arena import Arena, fresh_shared
 from loader.batch import KEY, POSITION, SHARE_BYTES, Batch, Packed, collate_samples, cross
 from loader.read import Chunk
 from loader.scatter import gather_fields, unread_of
-from shardprep.format.shardformat import payload_checksum
+from shardprep.format.shardformat import KEY_FIELD, PADDED_FIELD, payload_checksum
 
 __all__ = ["Carried", "Recycler", "Window", "assemble_batches"]
 
@@ -242,7 +242,7 @@ class Carried(Window):
 
     def sample(self, p: int) -> dict[str, Any]:
         """Sample ``p`` as the per-sample path hands it out (``Chunk.sample``)."""
-        out: dict[str, Any] = {"__key__": str(self.keys[p]), "__padded__": bool(self.padded[p])}
+        out: dict[str, Any] = {KEY_FIELD: str(self.keys[p]), PADDED_FIELD: bool(self.padded[p])}
         for field, values in self.extra.items():
             out[field] = values[p]
         data, names = self.buffers[0], self.names
@@ -375,7 +375,7 @@ def _fast(
     batch = Batch()
     batch[KEY] = parts[0][0].keys[parts[0][1]] if one else _concat([w.keys[p] for w, p, _ in parts])
     padded = parts[0][0].padded[parts[0][1]] if one else _concat([w.padded[p] for w, p, _ in parts])
-    batch["__padded__"] = torch.from_numpy(padded)
+    batch[PADDED_FIELD] = torch.from_numpy(padded)
     for field in segments[0][0].extra:
         values = [w.extra[field][p] for w, ps, _ in parts for p in ps.tolist()]
         batch[field] = default_collate(values)  # type: ignore[no-untyped-call]
@@ -392,7 +392,7 @@ def _fast(
     batch[POSITION] = position
     if arena is not None:
         arrays.append((KEY, batch[KEY], [batch[KEY]]))
-        arrays.append(("__padded__", batch["__padded__"], [padded]))
+        arrays.append((PADDED_FIELD, batch[PADDED_FIELD], [padded]))
         batch.crossing = cross(arena, arrays)
     return batch
 
@@ -667,7 +667,7 @@ def _assemble(
     if not damaged and all(f.members is not None and f.names == names for f in layouts):
         batch = Batch()
         batch[KEY] = _concat([w.keys[p] for w, p in segments])
-        batch["__padded__"] = torch.from_numpy(_concat([w.padded[p] for w, p in segments]))
+        batch[PADDED_FIELD] = torch.from_numpy(_concat([w.padded[p] for w, p in segments]))
         for field in segments[0][0].extra:
             values = [w.extra[field][p] for w, ps in segments for p in ps.tolist()]
             batch[field] = default_collate(values)  # type: ignore[no-untyped-call]

@@ -37,11 +37,12 @@ import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from loader.arena import Arena, receive_bytes
+from shardprep.format.shardformat import KEY_FIELD, POSITION_FIELD
 
 __all__ = ["POSITION", "Batch", "Crossing", "Packed", "collate_samples", "cross", "pack"]
 
-POSITION = "__position__"
-KEY = "__key__"
+POSITION = POSITION_FIELD  # the loader's own fields: shardprep.format.shardformat
+KEY = KEY_FIELD
 
 
 class Batch(dict):  # type: ignore[type-arg]

@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardprep.format.shardformat import KEY_FIELD, POSITION_FIELD
+
 __all__ = ["POSITION", "PackedBytes", "collate_numpy"]
 
-POSITION = "__position__"  # the same key as loader.batch.POSITION
-KEY = "__key__"
+POSITION = POSITION_FIELD  # the same key as loader.batch.POSITION
+KEY = KEY_FIELD
 
 
 class PackedBytes:

@@ -69,6 +69,9 @@ from shardprep.format.integrity import (
 )
 from shardprep.format.manifest import Manifest
 from shardprep.format.shardformat import (
+    KEY_FIELD,
+    PADDED_FIELD,
+    WEIGHT_FIELD,
     ShardIndex,
     decode_index,
     mismatched,
@@ -236,7 +239,7 @@ class Chunk:
         bad = self._bad_headers if self._bad_headers is not None else self._header_damage()
         if bad and j in bad:
             raise self._damaged_header(j, bad[j])
-        out: dict[str, Any] = {"__key__": lists.keys[j], "__padded__": self.padded}
+        out: dict[str, Any] = {KEY_FIELD: lists.keys[j], PADDED_FIELD: self.padded}
         if extra:
             out.update(extra)
         data, exts, offset, size, ext = (
@@ -820,7 +823,7 @@ class ShardReader:
         selected = ids[piece.start : piece.stop]
         first = int(selected[0])
         raw = SampleRange(piece.shard, first, int(selected[-1]) + 1, piece.padded)
-        extra = None if weights is None else {"__weight__": weights[piece.start : piece.stop]}
+        extra = None if weights is None else {WEIGHT_FIELD: weights[piece.start : piece.stop]}
         return self._read_raw(raw, (selected - first).tolist(), extra)
 
     def span(self, piece: SampleRange) -> tuple[int, int]:

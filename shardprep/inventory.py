@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from shardprep.format.errors import InputError
+from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.keys import key_from_stem
 
 __all__ = [
@@ -334,6 +336,49 @@ class InventorySink(Protocol):
     def freeze(self, class_names: tuple[str, ...] | None) -> InventoryView: ...
 
 
+def check_extension(ext: str, count: int, where: str) -> None:
+    """Refuse member extension ``ext`` of the member at ``where`` (a file, or ``tar:member``)
+    if it is reserved (:func:`~shardprep.format.shardformat.reserved_member`), or if it
+    brings the build's distinct extensions to ``count`` > MAX_EXTENSIONS.
+
+    Every scanner's samples pass here (the sink's ``add``), whatever the input path.
+
+    Raises:
+        InputError: naming ``where``, the rule and what to do.
+    """
+    if reserved_member(ext):
+        raise InputError(
+            f"{where}: the member extension {ext!r} is a name the loader gives its own field "
+            "(__key__, __padded__, ...: every __name__ is reserved); it would stand in for "
+            "that field in every sample: rename the file, column or member",
+            where,
+        )
+    if count > MAX_EXTENSIONS:
+        raise InputError(
+            f"{where}: the member extension {ext!r} brings the number of distinct member "
+            f"extensions to {count:,}; a build holds at most {MAX_EXTENSIONS:,} (the index "
+            "numbers them in 16 bits): keep per-item data inside a member (an .npz, a .json, "
+            "a .tar) instead of one member name per item",
+            where,
+        )
+
+
+def merged_extensions(
+    exts: dict[str, int], more: Iterable[str], where: str
+) -> npt.NDArray[np.uint16]:
+    """Number ``more`` (another part's extensions, in its order) in ``exts``, adding the
+    new ones: the part's extension number → the merged one.
+
+    Raises:
+        InputError: the merge passes MAX_EXTENSIONS (naming ``where``).
+    """
+    numbers = [exts.setdefault(e, len(exts)) for e in more]
+    if len(exts) > MAX_EXTENSIONS:
+        last = next(e for e, n in exts.items() if n == MAX_EXTENSIONS)
+        check_extension(last, len(exts), where)
+    return np.array(numbers, np.uint16)
+
+
 def _ranges(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Concatenation of ``arange(start, start + length)`` for each pair."""
     total = int(lengths.sum())
@@ -397,19 +442,34 @@ class InventoryBuilder:
         container: str = "",
         meta: bytes | None = None,
     ) -> None:
-        """Record one sample: ``parts`` are (extension, size, tar data offset or -1)."""
+        """Record one sample: ``parts`` are (extension, size, tar data offset or -1).
+
+        Raises:
+            InputError: a part's extension is reserved or one too many (``check_extension``);
+                nothing of the sample is recorded.
+        """
+        for ext, _, _ in parts:
+            if ext not in self._exts:
+                self._new_ext(ext, stem, container)
         self._stems += stem.encode("utf-8", "surrogateescape")
         self._stem_end.append(len(self._stems))
         self._label.append(label)
         self._container.append(self._containers.setdefault(container, len(self._containers)))
         for ext, size, offset in parts:
-            self._part_ext.append(self._exts.setdefault(ext, len(self._exts)))
+            self._part_ext.append(self._exts[ext])
             self._part_size.append(size)
             self._part_offset.append(offset)
         self._part_start.append(len(self._part_size))
         if self._meta is not None:
             self._meta += meta or b""
             self._meta_end.append(len(self._meta))
+
+    def _new_ext(self, ext: str, stem: str, container: str) -> int:
+        """Number a member extension seen for the first time, or refuse it
+        (:func:`check_extension`)."""
+        where = f"{container}:{stem}.{ext}" if container else f"{self.root}/{stem}.{ext}"
+        check_extension(ext, len(self._exts) + 1, where)
+        return self._exts.setdefault(ext, len(self._exts))
 
     def set_part_sizes(self, sizes: list[int]) -> None:
         """Replace the size of every part, in order (a URL listing learns them after its rows)."""
@@ -427,7 +487,7 @@ class InventoryBuilder:
             dtype=np.uint32,
         )
         self._container.frombytes(containers[np.frombuffer(other._container, np.uint32)].tobytes())
-        exts = np.array([self._exts.setdefault(e, len(self._exts)) for e in other._exts], np.uint16)
+        exts = merged_extensions(self._exts, other._exts, self.root)
         self._part_ext.frombytes(exts[np.frombuffer(other._part_ext, np.uint16)].tobytes())
         self._part_start.frombytes(_shifted(other._part_start[1:], len(self._part_size), np.uint64))
         self._part_size.extend(other._part_size)

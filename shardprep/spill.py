@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from shardprep.inventory import Inventory, InventoryBuilder, SampleRef
+from shardprep.inventory import Inventory, InventoryBuilder, SampleRef, merged_extensions
 
 __all__ = ["CHUNK", "InventoryStore", "StoreFolder"]
 
@@ -175,7 +175,7 @@ class InventoryStore:
         if self._frozen or self._writers is None:
             raise RuntimeError("InventoryStore: appended to after freeze()")
         write = self._writers
-        exts = np.array([self._exts.setdefault(e, len(self._exts)) for e in part.exts], np.uint16)
+        exts = merged_extensions(self._exts, part.exts, self.root)
         containers = np.array(
             [self._containers.setdefault(c, len(self._containers)) for c in part.containers],
             np.uint32,

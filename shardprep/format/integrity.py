@@ -43,6 +43,7 @@ from shardprep.format.shardformat import (
     FRAME_BYTES,
     ShardIndex,
     payload_checksum,
+    reserved_member,
     sample_checksums,
     sample_ends,
     tar_header,
@@ -150,6 +151,9 @@ def _index_problem(index: ShardIndex, entry: ShardEntry, compressed: bool, num_c
     if m and int(index.member_ext.max()) >= len(index.exts):
         k = int(np.argmax(index.member_ext >= len(index.exts)))
         return f"sample {_key(index, _owner(starts, k))!r}: unknown member extension"
+    problem = _reserved_problem(index, starts)
+    if problem:
+        return problem
     return _layout_problem(index, entry, starts) or (
         _frames_problem(index, entry) if compressed else _no_frames_problem(index)
     )
@@ -181,6 +185,22 @@ def _key_text_problem(index: ShardIndex) -> str:
     inside = np.flatnonzero((blob[ends[:-1]] & 0xC0) == 0x80)  # a key starting mid-character
     if len(inside):
         return f"sample {owner(int(ends[int(inside[0])]))}: its key is not UTF-8"
+    return ""
+
+
+def _reserved_problem(index: ShardIndex, starts: npt.NDArray[np.int64]) -> str:
+    """Why a member would stand in for a field the loader sets itself (``__key__``,
+    ``__padded__``...: ``reserved_member``), naming the first sample that holds one; or ``""``.
+    Shards of other tools (or older builders) reach the reader too."""
+    for number, ext in enumerate(index.exts):
+        if reserved_member(ext):
+            members = np.flatnonzero(index.member_ext == number)
+            if len(members):
+                return (
+                    f"sample {_key(index, _owner(starts, int(members[0])))!r}: its member "
+                    f".{ext} is named as a field the loader sets itself (every __name__ is "
+                    "reserved) and would be handed out in place of it"
+                )
     return ""
 
 

@@ -26,6 +26,13 @@ member ends inside its padding fails it too). A reader checks ``sample_hash`` on
 once it fails.
 Version 2 indexes (still read) have no ``sample_hash``. :func:`payload_checksum`
 is the hash.
+
+A sample as the loader hands it out is a dict of its members by extension plus fields the
+loader sets itself (:data:`LOADER_FIELDS`: ``__key__``, ``__padded__``...). A member whose
+extension is a dunder name (:func:`reserved_member`) would stand in for such a field, so the
+builder refuses one at scan on every input path and an index that names one is refused by
+the reader and ``shardprep verify`` (``shardprep.format.integrity.check_index``). A build
+holds at most :data:`MAX_EXTENSIONS` distinct member extensions (``member_ext`` is uint16).
 """
 
 from __future__ import annotations
@@ -41,6 +48,14 @@ import xxhash
 
 __all__ = [
     "BLOCK",
+    "KEY_FIELD",
+    "LOADER_FIELDS",
+    "MAX_EXTENSIONS",
+    "PADDED_FIELD",
+    "POSITION_FIELD",
+    "SOURCE_FIELD",
+    "WEIGHT_FIELD",
+    "reserved_member",
     "CHECKSUM_ALGORITHM",
     "EOF_MARKER",
     "FRAME_BYTES",
@@ -74,6 +89,30 @@ READ_VERSIONS = (2, 3)
 FRAME_BYTES = 256 << 10
 """A .tar.zst frame is closed once it holds this many tar bytes (whole samples only)."""
 CHECKSUM_ALGORITHM = "xxh3_64"
+
+KEY_FIELD = "__key__"
+"""The sample's key, in every sample and batch the loader hands out."""
+PADDED_FIELD = "__padded__"
+"""True for a repeat that pads a rank's share (``drop_last=False`` with ``"pad"``)."""
+WEIGHT_FIELD = "__weight__"
+"""A reweighted sample's weight (target share / actual share of its class)."""
+POSITION_FIELD = "__position__"
+"""Where a batch sits in its epoch (batches only)."""
+SOURCE_FIELD = "__source__"
+"""The index of the source a mixed sample came from."""
+LOADER_FIELDS = (KEY_FIELD, PADDED_FIELD, WEIGHT_FIELD, POSITION_FIELD, SOURCE_FIELD)
+"""Every field the loader sets in a sample or batch itself: no member may be named so."""
+MAX_EXTENSIONS = 1 << 16
+"""Distinct member extensions one build (and one shard index) can hold: ``member_ext`` is a
+uint16."""
+
+
+def reserved_member(ext: str) -> bool:
+    """True if a member with extension ``ext`` cannot be written: a dunder name (``__key__``,
+    ``__padded__``, WebDataset's ``__url__``...), the shape of every field in
+    :data:`LOADER_FIELDS`, which the member would stand in for in the loader's samples."""
+    return len(ext) > 4 and ext.startswith("__") and ext.endswith("__") and "." not in ext
+
 
 payload_checksum = xxhash.xxh3_64_intdigest
 """``payload_checksum(data) -> int``: the checksum (xxh3_64, seed 0, as an unsigned 64-bit

@@ -26,7 +26,6 @@ files in ``folder``; the caller owns and removes the folder.
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -34,15 +33,14 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from shardprep.format.errors import InputError
-from shardprep.format.shardformat import EOF_MARKER, padding, tar_header
+from shardprep.format.shardformat import EOF_MARKER, MAX_EXTENSIONS, padding, tar_header
 from shardprep.keys import is_valid_key
+from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable, label_text
 
-__all__ = ["FILE_BYTES", "FILE_SAMPLES", "Spilled", "spill_samples"]
+__all__ = ["FILE_BYTES", "FILE_SAMPLES", "MAX_CLASS_INDEX", "Spilled", "spill_samples"]
 
 FILE_BYTES = 256 << 20  # a new spill tar after this many bytes: the scan reads them in parallel
 FILE_SAMPLES = 16_384  # ... or after this many samples (a scan task per file: ~1 s each)
-MAX_CLASS_INDEX = (1 << 20) - 1  # the manifest names every class from 0 to the largest index
-MAX_EXTENSIONS = 1 << 16  # distinct member extensions in one input (stored as uint16)
 KEY_FIELD = "__key__"
 LABEL_FIELD = "cls"
 _EXT = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -184,54 +182,19 @@ def _check_extension_count(key: str, members: list[tuple[str, bytes]], seen: set
 
 def _label_text(key: str, value: Any, present: bool) -> tuple[str | None, bool]:
     """The ``.cls`` text of a sample's label (``str(index)`` for an int; None if unlabelled)
-    and whether it was an int."""
+    and whether it was an int: the label rule of every input path (``label_text``)."""
     if not present:
         return None, False
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        if int(value) < 0:
-            raise InputError(
-                f"sample {key!r}: cls {int(value)} is negative; class indices are >= 0"
-            )
-        _check_class_index(key, int(value))
-        return str(int(value)), True
-    if isinstance(value, str):
-        if not value.strip() or value != value.strip():
-            raise InputError(
-                f"sample {key!r}: cls {value!r} is not a class name: names must be non-empty "
-                "without leading or trailing whitespace"
-            )
-        if value.isdecimal() and value.isascii():
-            _check_class_index(key, int(value))
-        return value, False
-    raise InputError(
-        f"sample {key!r}: cls is a {type(value).__name__} ({value!r}); give an int class "
-        "index or a str class name (or leave cls out of every sample)"
-    )
-
-
-def _check_class_index(key: str, index: int) -> None:
-    """A class index names every class up to it in the manifest: refuse absurd ones."""
-    if index > MAX_CLASS_INDEX:
-        raise InputError(
-            f"sample {key!r}: cls {index} is a class index above {MAX_CLASS_INDEX:,} (the "
-            "manifest lists every class from 0 to the largest index, so this one would need "
-            f"{index + 1:,} class names): renumber the classes from 0, or give class names "
-            "(non-numeric strs), which are numbered in sorted order"
-        )
+    return label_text(value, f"sample {key!r}", what=f"{LABEL_FIELD} {{}}")
 
 
 class _LabelKind:
-    """Checks that labels are on every sample or none, and that no int index meets a name.
-
-    An int is a class index; a str that is not a decimal integer is a class name (names are
-    sorted into indices). Both in one dataset would turn the ints into names, so that is
-    refused; decimal strs (``"3"``) go with either, as they do in a listing.
-    """
+    """Checks that labels are on every sample or none, and that no int index meets a name
+    (the label table of every input path: :class:`~shardprep.scan.labels.LabelTable`)."""
 
     def __init__(self) -> None:
         self._first: tuple[str, bool] | None = None  # (key, labelled) of the first sample
-        self._int_key = ""  # the first sample with an int cls
-        self._name_key = ""  # the first sample whose cls is a name
+        self._table = LabelTable()
 
     def check(self, key: str, label: str | None, is_int: bool) -> None:
         labelled = label is not None
@@ -243,18 +206,8 @@ class _LabelKind:
                 f"sample {lacks!r} has no cls while sample {has!r} has one: label every "
                 "sample or none"
             )
-        if label is None:
-            return
-        if is_int:
-            self._int_key = self._int_key or key
-        elif not (label.isdecimal() and label.isascii()):
-            self._name_key = self._name_key or key
-        if self._int_key and self._name_key:
-            raise InputError(
-                f"sample {self._int_key!r} has an int cls (a class index) and sample "
-                f"{self._name_key!r} a str class name: give every sample an int index or "
-                "every sample a name"
-            )
+        if label is not None:
+            self._table.intern(int(label) if is_int else label, f"sample {key!r}", what="cls {}")
 
 
 class _SpillFiles:

@@ -16,7 +16,7 @@ from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import split_name
 from shardprep.remote_input import read_heads
-from shardprep.scan.labels import LabelTable
+from shardprep.scan.labels import LabelTable, cls_file_text
 from shardprep.scan.prefix import TopLevel, first_files, join, walk_input
 from shardprep.scan.walk import FileEntry, Problems, Tick
 from shardprep.storage import is_url
@@ -31,11 +31,11 @@ def _label_text(path: str, data: bytes | BaseException, problems: Problems) -> s
     try:
         if isinstance(data, BaseException):
             raise data
-        text = data.decode("utf-8").strip()
+        text = cls_file_text(data)
     except (OSError, UnicodeDecodeError) as err:
         problems.add(path, f"cannot read label ({err})")
         return None
-    if not text:
+    if not text.strip():
         problems.add(path, "empty .cls label file")
         return None
     return text
@@ -108,7 +108,7 @@ def scan_keyed_files(
                     problems.add(path, "file has no extension, so it cannot be a part of a sample")
                 elif ext == LABEL_EXT:
                     text = texts[path]
-                    label = labels.intern(text) if text is not None else UNLABELLED
+                    label = labels.intern(text, path, path) if text is not None else UNLABELLED
                 else:
                     parts.append((ext, entry.size, -1))
             sample = f"{rel_dir}/{stem}" if rel_dir else stem

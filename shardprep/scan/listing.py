@@ -16,8 +16,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.remote_input import remote_sizes
@@ -115,7 +113,7 @@ def scan_listing(
     jobs = (_ChunkJob(listing, root, path_col, label_col, rows, scheme) for rows in chunks)
     run = ordered_map if ordered_map is not None else map
     for part in run(_scan_chunk, jobs):  # merged one at a time, in row order
-        mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
+        mapping = labels.merge(part.labels)
         part.builder.relabel(mapping)
         builder.extend(part.builder)
         problems.items += part.problems.items
@@ -191,10 +189,10 @@ class _ChunkJob:
 
 @dataclass
 class _ChunkPart:
-    """One chunk's samples, labels as ids into its own ``labels`` texts."""
+    """One chunk's samples, labels as ids into its own ``labels`` table."""
 
     builder: InventoryBuilder
-    labels: list[str]
+    labels: LabelTable
     problems: Problems
     labelled_line: int  # first line with a label, 0 if none
     unlabelled: int
@@ -232,7 +230,7 @@ def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
             problems.add(where, f"label {label_value!r} is not a string or an integer")
             continue
         if label_value is not None and str(label_value).strip():
-            label = labels.intern(str(label_value))
+            label = labels.intern(label_value, f"{where}: {label_column!r}", listing)
             labelled_line = labelled_line or number
         else:
             unlabelled += 1
@@ -245,7 +243,7 @@ def _scan_chunk(job: _ChunkJob) -> _ChunkPart:
             url_lines.append(number)
     return _ChunkPart(
         builder,
-        labels.texts(),
+        labels,
         problems,
         labelled_line,
         unlabelled,

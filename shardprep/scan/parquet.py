@@ -39,12 +39,19 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shardprep.format.errors import InputError, OutputError, ShardprepError
+from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
-from shardprep.scan.labels import LabelTable
+from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
 from shardprep.scan.walk import Tick
 from shardprep.storage import describe_error, is_url, open_url
 
-__all__ = ["ParquetInputError", "is_parquet_name", "list_parquet", "scan_parquet"]
+__all__ = [
+    "MAX_CLASS_INDEX",
+    "ParquetInputError",
+    "is_parquet_name",
+    "list_parquet",
+    "scan_parquet",
+]
 
 SUFFIX = ".parquet"
 KEY_COLUMNS = ("key", "__key__")  # the key column's default names, in order of preference
@@ -54,8 +61,6 @@ RELEASE_BYTES = 32 << 20  # pyarrow's freed memory is handed back to the OS afte
 MAX_BATCH_ROWS = 1 << 16
 READ_BUFFER = 8 << 20  # pyarrow's buffered reads of a column chunk (no whole-group pre-buffer)
 RESERVED_EXTS = ("cls", "weight")  # members the writer adds itself
-MAX_CLASS_INDEX = (1 << 20) - 1  # the manifest names every class from 0 to the largest index
-MAX_EXTENSIONS = 1 << 16  # distinct member extensions in one input (stored as uint16)
 _EXT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
@@ -174,6 +179,14 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
             )
         else:
             meta.append(field.name)
+    if len(binary) + len(structs) > MAX_EXTENSIONS:
+        raise ParquetInputError(
+            f"{where}: {len(binary) + len(structs):,} member columns (binary or "
+            f"{{bytes, path}}); a build holds at most {MAX_EXTENSIONS:,} distinct member "
+            "extensions (the index numbers them in 16 bits): pack per-item columns into one "
+            "member (an .npz, a .json, a .tar) per row, or drop the columns you do not need",
+            where,
+        )
     if not binary and not structs:
         raise ParquetInputError(
             f"{where}: no column holds bytes (columns: {', '.join(names)}); a sample needs at "
@@ -221,10 +234,24 @@ def _is_bytes_struct(kind: Any) -> bool:
     return _is_bytes(kind.field(index).type)
 
 
-def _check_ext(ext: str, where: str) -> None:
+def _check_ext(ext: str, where: str, column: str = "", row: int = -1) -> None:
+    """Refuse a member extension that cannot be written: a binary column's name, or (with
+    ``row``) the extension the path of struct ``column`` gives in that row."""
+    what = (
+        f"binary column {ext!r}"
+        if row < 0
+        else (f"row {row}: the path in column {column!r} gives the member extension {ext!r}, which")
+    )
+    if reserved_member(ext):
+        raise ParquetInputError(
+            f"{where}: {what} is a name the loader gives its own field (__key__, __padded__, "
+            "...: every __name__ is reserved), so it cannot name a member: "
+            + ("rename the column" if row < 0 else "fix that path, or drop the path field"),
+            where,
+        )
     if not _EXT.fullmatch(ext) or ext.lower() in RESERVED_EXTS:
         raise ParquetInputError(
-            f"{where}: binary column {ext!r} cannot name a member (a member's extension is "
+            f"{where}: {what} cannot name a member (a member's extension is "
             "made of letters, digits, '_', '-' and '.', and cls/weight are the writer's own); "
             "rename the column",
             where,
@@ -237,8 +264,8 @@ def _struct_ext(path: Any, column: str) -> str:
         base = path.rsplit("/", 1)[-1]
         dot = base.rfind(".")
         ext = base[dot + 1 :].lower() if dot > 0 else ""
-        if ext and _EXT.fullmatch(ext) and ext not in RESERVED_EXTS:
-            return ext
+        if ext and (reserved_member(ext) or (_EXT.fullmatch(ext) and ext not in RESERVED_EXTS)):
+            return ext  # (a reserved one is refused, naming the row: _spill_members)
     return column
 
 
@@ -311,7 +338,7 @@ def scan_parquet(
     files = list_parquet(raw, storage_options)
     base = _base(raw, files)
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
-    labels = LabelTable()
+    labels = LabelTable(ParquetInputError)
     seen: set[str] = set()  # member extensions the struct columns' paths gave, all files
     builder: Any = None
     first: tuple[str, _Columns] | None = None
@@ -439,7 +466,7 @@ def _read(
         for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=True):
             n = batch.num_rows
             unreleased += batch.nbytes
-            members = _spill_members(batch, columns, spill, where, seen)
+            members = _spill_members(batch, columns, spill, where, seen, row)
             keys = batch.column(columns.key).to_pylist() if columns.key else None
             label_values = batch.column(columns.label).to_pylist() if columns.label else None
             metas = batch.select(list(columns.meta)).to_pylist() if columns.meta else None
@@ -452,8 +479,12 @@ def _read(
                     stem = f"{stem_prefix}-{number:09d}"
                 label = UNLABELLED
                 if label_values is not None:
+                    value = _label_value(label_values[i], where, number, stem, columns.label)
                     label = labels.intern(
-                        _label_text(label_values[i], where, number, stem, columns.label)
+                        value,
+                        f"{where}: row {number} (key {stem!r})",
+                        where,
+                        f"label {{}} in column {columns.label!r}",
                     )
                 parts = [p for p in (column[i] for column in members) if p is not None]
                 if not parts:
@@ -469,7 +500,7 @@ def _read(
                         f".{max(exts, key=exts.count)} members; rename one of the columns",
                         where,
                     )
-                data = json.dumps(metas[i], sort_keys=True, default=str).encode() if metas else None
+                data = _meta_json(metas[i], where, number, stem) if metas else None
                 rows.append((stem, label, parts, data))
             row += n
             del batch, members, keys, label_values, metas
@@ -480,11 +511,63 @@ def _read(
     except ShardprepError:
         raise
     except Exception as err:  # pyarrow's and the storage backend's errors alike
+        raise ParquetInputError(_damage(parquet, columns, where, row, err), where) from err
+
+
+def _meta_json(meta: dict[str, Any], where: str, number: int, stem: str) -> bytes:
+    """The row's other columns as its ``.json`` (sorted keys); NaN and infinities, which are
+    not JSON (``json.loads`` elsewhere refuses them), are refused naming the column."""
+    try:
+        return json.dumps(meta, sort_keys=True, default=str, allow_nan=False).encode()
+    except ValueError as err:
+        column = next(
+            (c for c, v in sorted(meta.items()) if not _finite(v)), "?"
+        )  # the first column holding one (a list or struct cell counts as a whole)
         raise ParquetInputError(
-            f"{where}: cannot read row {row} onwards ({err}); the file is damaged or "
-            "unreachable: fix or remove it",
+            f"{where}: row {number} (key {stem!r}): column {column!r} holds NaN or an infinity, "
+            "which JSON cannot hold (the row's other columns become its .json); fill or drop "
+            "those values, or drop the column",
             where,
         ) from err
+
+
+def _finite(value: Any) -> bool:
+    """False if ``value`` is, or holds, a float NaN or infinity."""
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def _damage(parquet: Any, columns: _Columns, where: str, row: int, err: Exception) -> str:
+    """One line that names the row group (and its rows) that cannot be read from row ``row``
+    on: each group from the one holding ``row`` is read again on its own until one fails
+    (a batch may span groups); pyarrow's text is cut to its first line."""
+    meta = parquet.metadata
+    wanted = [c for c in (*columns.binary, *columns.structs, columns.key, columns.label) if c]
+    wanted += list(columns.meta)
+    first = 0
+    for group in range(meta.num_row_groups):
+        last = first + meta.row_group(group).num_rows
+        if last > row:
+            try:
+                parquet.read_row_group(group, columns=wanted, use_threads=False)
+            except Exception as again:  # the damaged group (or the storage failing again)
+                text = str(again).strip().splitlines()[0] if str(again).strip() else repr(again)
+                return (
+                    f"{where}: row group {group} (rows {first}-{last - 1}) cannot be read "
+                    f"({text}); the file is damaged or unreachable: rows {first}-{last - 1} "
+                    "would be lost: rewrite the file from its source, or remove it"
+                )
+        first = last
+    text = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+    return (
+        f"{where}: cannot read rows {row}-{meta.num_rows - 1} ({text}); the file is damaged or "
+        "unreachable: rewrite it from its source, or remove it"
+    )
 
 
 def _release_unused() -> None:
@@ -507,12 +590,13 @@ _Part = tuple[str, int, int]
 
 
 def _spill_members(
-    batch: Any, columns: _Columns, spill: _Spill, where: str, seen: set[str]
+    batch: Any, columns: _Columns, spill: _Spill, where: str, seen: set[str], first_row: int
 ) -> list[list[_Part | None]]:
     """Per member column, per row: (extension, size, spill offset), or None where null.
 
     ``seen`` collects the extensions the struct columns' paths gave (refused past
-    MAX_EXTENSIONS, which the inventory cannot number).
+    MAX_EXTENSIONS, which the inventory cannot number); ``first_row`` is the batch's first
+    row in its file (named when a path gives a reserved extension).
 
     A column's values are written as one block (its Arrow data buffer), so the per-row
     work is arithmetic on the offsets array only.
@@ -529,7 +613,7 @@ def _spill_members(
         paths = flat[path_index].to_pylist() if path_index >= 0 else [None] * len(column)
         exts = [_struct_ext(p, name) for p in paths]
         for ext in set(exts) - seen:
-            _check_ext(ext, where)
+            _check_ext(ext, where, name, exts.index(ext) + first_row)
             seen.add(ext)
         if len(seen) > MAX_EXTENSIONS:
             raise ParquetInputError(
@@ -582,33 +666,12 @@ def _key_stem(value: Any, where: str, number: int, column: str) -> str:
     return str(value)
 
 
-def _label_text(value: Any, where: str, number: int, stem: str, column: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, type(None))):
-        raise ParquetInputError(
-            f"{where}: row {number} (key {stem!r}): label {value!r} in column {column!r} is "
-            "not a string or an integer",
-            where,
-        )
-    if value is None or not str(value).strip():
+def _label_value(value: Any, where: str, number: int, stem: str, column: str) -> Any:
+    """The row's label value, refused where null or empty (the label rule checks the rest)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         raise ParquetInputError(
             f"{where}: row {number} (key {stem!r}): the label column {column!r} is null or "
             "empty; label every row, or name another column with --label-column",
             where,
         )
-    if isinstance(value, int) and value < 0:
-        raise ParquetInputError(
-            f"{where}: row {number} (key {stem!r}): label {value} in column {column!r} is a "
-            "negative class index; integer labels are class indices (>= 0): renumber them, "
-            "or store the labels as strings (class names, numbered in sorted order)",
-            where,
-        )
-    text = str(value).strip()
-    if text.isdecimal() and text.isascii() and int(text) > MAX_CLASS_INDEX:
-        raise ParquetInputError(
-            f"{where}: row {number} (key {stem!r}): label {value!r} in column {column!r} is a "
-            f"class index above {MAX_CLASS_INDEX:,} (the manifest lists every class from 0 to "
-            f"the largest index, so it would need {int(text) + 1:,} class names): renumber "
-            "the classes from 0, or store them as non-numeric names",
-            where,
-        )
-    return str(value)
+    return value

@@ -16,12 +16,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from shardprep.format.errors import InputError
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
-from shardprep.scan.labels import LabelTable
+from shardprep.scan.labels import LabelTable, cls_file_text
 from shardprep.scan.prefix import join, top_level
 from shardprep.scan.walk import Problems, Tick
 from shardprep.storage import describe_error, is_url, open_url
@@ -80,7 +78,7 @@ def scan_tar_shards(
     jobs = [(root, tar_path, options) for tar_path in tars]
     parts = ordered_map(_scan_tar, jobs) if ordered_map is not None else map(_scan_tar, jobs)
     for part in parts:  # merged one at a time, in tar order
-        mapping = np.array([labels.intern(text) for text in part.labels], dtype=np.int32)
+        mapping = labels.merge(part.labels)
         part.builder.relabel(mapping)
         builder.extend(part.builder)
         problems.items += part.problems.items
@@ -97,7 +95,7 @@ class _TarPart:
     """One input tar's samples, with labels as ids into its own ``labels`` texts."""
 
     builder: InventoryBuilder
-    labels: list[str]
+    labels: LabelTable
     problems: Problems
     unlabelled: int
 
@@ -155,7 +153,7 @@ def _scan_tar(job: tuple[str, str, Mapping[str, Any] | None]) -> _TarPart:
                     current, parts, label_text = stem, [], None
                 if ext == LABEL_EXT:
                     fileobj = tar.extractfile(member)
-                    label_text = fileobj.read().decode("utf-8").strip() if fileobj else ""
+                    label_text = cls_file_text(fileobj.read()) if fileobj else ""
                 elif not ext:
                     problems.add(f"{tar_path}:{member.name}", "member has no extension")
                 else:
@@ -164,9 +162,11 @@ def _scan_tar(job: tuple[str, str, Mapping[str, Any] | None]) -> _TarPart:
                 unlabelled += _add(builder, labels, problems, current, parts, label_text, tar_path)
     except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
         problems.add(tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first")
+    except InputError:
+        raise  # a member or label refused (naming it): not a transport error
     except Exception as err:  # a URL backend's own transport error, not an OSError
         problems.add(tar_path, f"cannot read ({describe_error(tar_path, err)})")
-    return _TarPart(builder, labels.texts(), problems, unlabelled)
+    return _TarPart(builder, labels, problems, unlabelled)
 
 
 def _not_a_file(member: tarfile.TarInfo) -> str:
@@ -195,6 +195,7 @@ def _add(
     if not parts:
         problems.add(f"{tar_path}:{stem}", "sample has no data members, only a label")
         return 0
-    label = labels.intern(label_text) if label_text else UNLABELLED
+    where = f"{tar_path}:{stem}.{LABEL_EXT}"
+    label = labels.intern(label_text, where, tar_path) if label_text is not None else UNLABELLED
     builder.add(stem, label, parts, container=tar_path)
     return int(label == UNLABELLED)

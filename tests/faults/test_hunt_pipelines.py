@@ -181,7 +181,7 @@ def test_a_corrupted_page_with_a_checksum_is_refused(tmp_path: Path, scratch: Pa
     data[column.data_page_offset + column.total_compressed_size // 2] ^= 0xFF
     raw.write_bytes(bytes(data))
     message = _refused(raw, tmp_path / "out", ParquetInputError, scratch)
-    assert message.startswith(f"{raw}: cannot read row ")
+    assert message.startswith(f"{raw}: row group 1 (rows 16-31) cannot be read")
     assert "CRC checksum verification failed" in message
 
 
