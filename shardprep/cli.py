@@ -44,6 +44,7 @@ def _run(
     except (KeyboardInterrupt, SystemError) as err:
         if not is_interrupt(err):  # a SystemError that is not a Ctrl-C in disguise is a bug
             raise
+        _ignore_interrupts()  # a second Ctrl-C must not cut the message short ("Aborted!")
         # BuildInterrupted says how to go on; for a bare Ctrl-C, ``advice`` may (else none).
         message = str(err) if isinstance(err, BuildInterrupted) else None
         if message is None:
@@ -209,31 +210,49 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     of them). Any of these folders may be an fsspec URL prefix instead
     (s3://bucket/train, gs://..., ...). OUT is a folder or an fsspec URL.
     """
-    from shardprep.builder import build as run_build
-    from shardprep.builder import interrupted_around, is_complete_output
-    from shardprep.interface import CLI
-
     progress = not (quiet or as_json)
     # (a Ctrl-C can land as the build begins or returns, outside its own handling: the advice
     # then comes from what OUT holds, and whether it held a complete output before)
-    was_complete = is_complete_output(out)
+    was_complete = _run(lambda: _import_and_look(out), progress, lambda: _BEFORE_ANY_SHARD)
     overwrite = bool(options.get("overwrite"))
+    from shardprep.builder import build as run_build
+    from shardprep.builder import interrupted_around
+    from shardprep.interface import CLI
+
     with _stdout_to_stderr(as_json):  # --json: the summary alone on stdout
         summary = _run(
             lambda: run_build(raw, out, progress=progress, interface=CLI, **options),
             progress,
             lambda: interrupted_around(out, was_complete, overwrite),
         )
-    if isinstance(click.get_current_context().obj, _OwnProcess):
-        # The build is complete and the process about to exit: a Ctrl-C from now on would only
-        # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The build is complete and the process about to exit: a Ctrl-C from now on would only
+    # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
+    _ignore_interrupts()
     if summary.already_complete:  # --resume of a finished build: exit 0, as a pipeline wants
         click.echo(f"{out}: the build is already complete; nothing to resume", err=True)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
         click.echo(_format_summary(summary.to_dict()))
+
+
+_BEFORE_ANY_SHARD = "interrupted before any shard was written: run the same command again"
+
+
+def _import_and_look(out: str) -> bool:
+    """Import the builder (a Ctrl-C while it loads is the build's "before any shard" case)
+    and tell whether OUT holds a complete output now."""
+    from shardprep.builder import is_complete_output
+
+    return is_complete_output(out)
+
+
+def _ignore_interrupts() -> None:
+    """From now on ignore SIGINT, where the CLI owns the process (see :class:`_OwnProcess`):
+    it is about to print its last message and exit."""
+    context = click.get_current_context(silent=True)
+    if context is not None and isinstance(context.obj, _OwnProcess):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _input_path(value: str) -> str:

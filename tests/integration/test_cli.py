@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -305,3 +309,54 @@ def test_version() -> None:
     result = _invoke("--version")
     assert result.exit_code == 0
     assert "0.1.0" in result.output
+
+
+MARKER_ENV = "SHARDPREP_TEST_MARKER"
+
+
+def slow_after_marker(sample: dict[str, bytes]) -> dict[str, bytes]:
+    """A --map that writes the marker file as it first runs, then takes 20 ms a sample (the
+    build is then certainly writing when the test sends its signals)."""
+    marker = Path(os.environ[MARKER_ENV])
+    if not marker.exists():
+        marker.write_text("writing")
+    time.sleep(0.02)  # the map's own work, not synchronization
+    return sample
+
+
+def test_two_ctrl_c_at_once_end_in_the_interrupted_advice(raw: Path, tmp_path: Path) -> None:
+    """Was: a second SIGINT while the first was being reported ended in click's "Aborted!"
+    (exit 1) or a bare KeyboardInterrupt."""
+    out, marker = tmp_path / "out", tmp_path / "marker"
+    repo = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "shardprep", "build", str(raw), str(out), "-n", "4", "-j", "2",
+               "-q", "--map", "tests.integration.test_cli:slow_after_marker"]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=repo,
+        env={**os.environ, MARKER_ENV: str(marker)},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # the marker: a write task has started
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "the map never ran"
+            time.sleep(0.01)  # polling interval only
+        os.kill(process.pid, signal.SIGINT)
+        os.kill(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Aborted!" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] in (
+        f"interrupted; the finished shards are kept in {out}: run the same command with "
+        "--resume to finish the build",
+        f"interrupted after the build finished: {out} is complete",
+    ), stderr
