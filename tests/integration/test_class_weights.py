@@ -541,6 +541,24 @@ def test_read_time_reweighting_gives_every_rank_the_same_count(plain: Path) -> N
     assert all(t - 1 <= u <= t for u, t in zip(union, [19, 19, 19], strict=True))
 
 
+def test_read_time_draw_does_not_depend_on_the_world_size(plain: Path) -> None:
+    """The multiset an epoch draws is the same at 1, 2 or 4 ranks: with uneven="pad" the real
+    (unpadded) samples of all ranks together are exactly the one-rank epoch's draw."""
+    options: dict[str, Any] = {"class_weights": "sqrt", "block_size": 4, "uneven": "pad"}
+    for epoch in (0, 1):
+        one = ShardDataset(str(plain), **options)
+        one.set_epoch(epoch)
+        drawn = Counter(s["__key__"] for s in _epoch(one))
+        assert sum(drawn.values()) == 57 and max(drawn.values()) > 1  # repeats were drawn
+        for world_size in (2, 4):
+            union: Counter[str] = Counter()
+            for rank in range(world_size):
+                ds = ShardDataset(str(plain), rank=rank, world_size=world_size, **options)
+                ds.set_epoch(epoch)
+                union.update(s["__key__"] for s in _epoch(ds) if not s["__padded__"])
+            assert union == drawn, (epoch, world_size)
+
+
 def test_read_time_weights_only_exposes_weight(plain: Path) -> None:
     ds = ShardDataset(str(plain), class_weights="a=1,b=1,c=2", resample=False)
     samples = _epoch(ds, workers=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -144,3 +145,22 @@ def test_the_torch_dataset_and_an_epoch_load_no_builder_module(png_output: Path)
     assert _builder_modules(loaded) == []
     assert "click" not in {m.split(".")[0] for m in loaded}  # (torch itself imports tqdm)
     assert "torch" in loaded
+
+
+# docs/architecture.md: the torch layer of ``loader``; every other module must not load torch.
+TORCH_LAYER = frozenset(
+    {"torchlayer", "dataset", "mixdataset", "stream", "epochs", "guards", "batch", "assemble",
+     "scatter", "arena", "torchoutput"}
+)  # fmt: skip
+
+
+def test_only_the_torch_layer_of_loader_imports_torch() -> None:
+    """``import loader`` and every module outside the torch layer, imported together in a fresh
+    interpreter, load no torch (the union is clean, so each one is)."""
+    import loader
+
+    names = sorted(m.name for m in pkgutil.iter_modules(loader.__path__))
+    assert set(names) >= TORCH_LAYER  # a renamed module must be renamed here and in the page
+    others = tuple(f"loader.{n}" for n in names if n not in TORCH_LAYER)
+    assert len(others) >= 20
+    assert _imported_after(("loader", *others), forbidden=("torch",)) == []
