@@ -5,7 +5,9 @@ journal, resume, publish the manifest last).
 
 - :class:`LocalDestination`, for a path or a ``file://`` URL: the writers write shards straight
   into the folder under hidden ``.partial`` names renamed when complete; the journal and the
-  manifest are written atomically (temp file + rename), the manifest last.
+  manifest are written atomically (temp file + rename), the manifest last. The build and its
+  writers hold a lock on the folder (:mod:`shardprep.out_lock`): a second build into it waits
+  for them, a bounded time, or is refused.
 - :class:`RemoteDestination`, for any other fsspec URL (``s3://``, ``gs://``, ``memory://``):
   the writers write into a local staging folder (``tempfile``, so ``TMPDIR`` chooses where);
   each finished shard is uploaded, its index first, by one of ``UPLOAD_THREADS`` threads while
@@ -46,6 +48,7 @@ from shardprep.config import BuildConfig
 from shardprep.format.errors import InputError, OutputError
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
+from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
 from shardprep.storage import describe_error, is_url, local_path, open_url
@@ -83,6 +86,7 @@ class Destination(Protocol):
     staging: str  # the local folder the writers write shard files into (set by prepare)
     stages_locally: bool  # True: shards are written into a local folder, then uploaded to OUT
     process_local: bool  # True: OUT lives in this process (memory://): no other process sees it
+    out_lock: OutLock | None  # a local OUT's lock once prepared (every writer holds it too)
 
     def check_apart(self, raw: str) -> None:
         """Refuse an OUT that overlaps the input RAW, before anything is scanned or written."""
@@ -91,7 +95,8 @@ class Destination(Protocol):
         """Refuse an unusable OUT before any work (a file; non-empty without a flag)."""
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
-        """Create OUT (and the staging area); with --overwrite remove a previous build's files.
+        """Create OUT (and the staging area), lock a local OUT (:mod:`shardprep.out_lock`); with
+        --overwrite remove a previous build's files.
 
         ``tasks_elsewhere``: the write tasks may run on other machines (Ray), which cannot
         write into this machine's staging folder. Returns None when the tasks write into
@@ -185,6 +190,7 @@ class LocalDestination:
         self.out = out
         self.staging = out
         self._config = config
+        self.out_lock: OutLock | None = None
 
     def check_apart(self, raw: str) -> None:
         """Refuse OUT inside RAW (the next build would read the shards as samples), the same
@@ -226,10 +232,16 @@ class LocalDestination:
             raise _not_empty(out, existing, "folder")
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
-        """(Tasks elsewhere write into the same path: a folder every node shares.)"""
+        """(Tasks elsewhere write into the same path: a folder every node shares.)
+
+        Raises:
+            InputError: another build (a killed build's writers included) still writes into
+                OUT after ``LOCK_WAIT_S``.
+        """
         out = self.out
         try:
             os.makedirs(out, exist_ok=True)
+            self.out_lock = hold_out(out)  # before anything in OUT changes
             if self._config.overwrite:
                 for name in os.listdir(out):
                     if OWN_FILE.match(name) or name == JOURNAL_NAME:
@@ -346,7 +358,9 @@ class LocalDestination:
                         os.remove(os.path.join(self.out, name))
 
     def close(self) -> None:
-        return
+        if self.out_lock is not None:
+            self.out_lock.close()
+            self.out_lock = None
 
 
 class _Uploads:
@@ -414,6 +428,7 @@ class RemoteDestination:
     """An fsspec URL: shards are staged locally and uploaded (see the module doc)."""
 
     stages_locally = True
+    out_lock: OutLock | None = None  # writers write into a staging folder (OwnedFolder)
 
     def __init__(self, out: str, config: BuildConfig) -> None:
         self.out = out

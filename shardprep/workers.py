@@ -14,6 +14,10 @@ it), that worker is never told to exit and outlives the build. So here:
   two well-defined steps, never inside the pool's machinery. (Blocking the
   signal would not do: threads started by libraries, such as OpenBLAS's,
   would still take it for the main thread.)
+- every worker exits as soon as the build's process dies, however it dies (SIGKILL or
+  SIGTERM to its pid alone, the out-of-memory killer): a process killed by pid does not
+  take its pool with it, and its writers went on writing into OUT
+  (:func:`shardprep.format.lifeline.watch_parent`, set first thing in each worker);
 - on any exception the caller's ``stop`` callback runs (it tells running
   tasks to give up at their next checkpoint), pending tasks are cancelled and
   the pool is shut down and joined; then the previous handler is restored and
@@ -35,6 +39,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
+
+from shardprep.format.lifeline import watch_parent
 
 __all__ = ["WorkerPool", "mp_context", "worker_pool"]
 
@@ -83,6 +89,7 @@ def mp_context(network: bool = False) -> BaseContext:
 
 
 def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    watch_parent()  # first: a build killed by pid must not leave its workers running
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
     if initializer is not None:

@@ -13,11 +13,13 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import traceback
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["run_bounded"]
+__all__ = ["kill_session", "run_bounded", "session_processes", "wait_until_gone"]
 
 
 def run_bounded(
@@ -82,3 +84,54 @@ def dataloader_iterator(loader: Any) -> Iterator[Any]:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+
+
+def session_processes(sid: int, zombies: bool = True) -> list[int]:
+    """The pids of the processes in session ``sid``, from /proc.
+
+    A zombie (exited, its memory and descriptors freed, not yet reaped; this machine's
+    init reaps orphans about once a second) is left out with ``zombies=False``.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # it exited while we looked
+            continue
+        # Fields after the command name (which may hold spaces and parentheses): state, ppid,
+        # pgrp, session, ...
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid and (zombies or fields[0] != "Z"):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def wait_until_gone(sid: int, within: float) -> dict[int, str]:
+    """Poll until no live process is left in session ``sid``; what is left after ``within`` s
+    (pid -> the start of its command line)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = session_processes(sid, zombies=False)
+        if not left or time.monotonic() > deadline:
+            return {pid: _command(pid) for pid in left}
+        time.sleep(0.02)  # polling /proc, bounded by the deadline
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return "?"
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process left in session ``sid``, and wait (bounded) until none runs."""
+    deadline = time.monotonic() + 30
+    while left := session_processes(sid, zombies=False):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert time.monotonic() < deadline, f"processes {left} survive SIGKILL"
+        time.sleep(0.02)

@@ -25,6 +25,7 @@ import numpy as np
 
 from shardprep.format.errors import WriteError
 from shardprep.inventory import Inventory, SampleRef
+from shardprep.out_lock import OutLock
 from shardprep.plan_store import PlannedShards
 from shardprep.transform import SampleMap
 from shardprep.upload import ShardUpload, UploadError
@@ -98,6 +99,7 @@ class WriteContext:
     storage_options: Mapping[str, Any] | None = None  # RAW's: for inputs read by URL
     transform: SampleMap | None = None  # --map (picklable: by name, else by value)
     upload: ShardUpload | None = None  # set: each task uploads its shard into OUT itself
+    out_lock: OutLock | None = None  # a local OUT's lock: every writer process holds it too
 
     @property
     def root(self) -> str:

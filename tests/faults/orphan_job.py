@@ -21,30 +21,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from loader import ShardDataset
+from tests.processes import session_processes
+
+__all__ = ["WORKERS", "main", "session_processes"]
 
 WORKERS = 2
-
-
-def session_processes(sid: int, zombies: bool = True) -> list[int]:
-    """The pids of the processes in session ``sid``, from /proc.
-
-    A zombie (exited, its memory and descriptors freed, not yet reaped; this machine's
-    init reaps orphans about once a second) is left out with ``zombies=False``.
-    """
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:  # it exited while we looked
-            continue
-        # Fields after the command name (which may hold spaces and parentheses): state, ppid,
-        # pgrp, session, ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid and (zombies or fields[0] != "Z"):
-            found.append(int(entry))
-    return sorted(found)
 
 
 def report(path: Path, workers: list[int]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.orphan_job import WORKERS, session_processes
+from tests.faults.orphan_job import WORKERS
+from tests.processes import kill_session, session_processes, wait_until_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 120.0  # the trainer's start: spawned workers import torch on a busy 2-core machine
@@ -72,14 +72,14 @@ def test_workers_exit_when_the_trainer_is_killed(
 
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=30)
-        left = _wait_until_gone(session, GONE_S)
+        left = wait_until_gone(session, GONE_S)
         assert not left, (
             f"{len(left)} processes of the killed trainer's session still run {GONE_S} s after "
             f"its SIGKILL: {left}\n{log.read_text()[-3000:]}"
         )
         assert sorted(n for n in names if (Path("/dev/shm") / n).exists()) == []
     finally:
-        _kill_session(session)
+        kill_session(session)
         with contextlib.suppress(ProcessLookupError):
             trainer.kill()
         trainer.wait(timeout=30)
@@ -107,31 +107,3 @@ def _shm_names(pids: list[int]) -> set[str]:
                 if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
                     names.add(path.removeprefix("/dev/shm/"))
     return names
-
-
-def _wait_until_gone(session: int, within: float) -> dict[int, str]:
-    """Poll until no live process is left in ``session``; what is left after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        left = session_processes(session, zombies=False)
-        if not left or time.monotonic() > deadline:
-            return {pid: _command(pid) for pid in left}
-        time.sleep(0.02)
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-    except OSError:
-        return "?"
-
-
-def _kill_session(session: int) -> None:
-    """SIGKILL every process left in ``session``, and wait (bounded) until none runs."""
-    deadline = time.monotonic() + 30
-    while left := session_processes(session, zombies=False):
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        assert time.monotonic() < deadline, f"processes {left} survive SIGKILL"
-        time.sleep(0.02)
