@@ -164,8 +164,9 @@ def filesystem(protocol: str, root: str, options: RemoteOptions) -> Any:
         import fsspec
         import fsspec.config
     except ImportError as err:
+        extra = "s3" if protocol in _S3 else "remote"  # s3: fsspec + s3fs; remote: + aiohttp
         raise ManifestError(
-            f"reading {root} needs fsspec: pip install 'shardprep[remote]'", root
+            f"reading {root} needs fsspec: pip install 'shardprep[{extra}]'", root
         ) from err
     cls = fsspec.get_filesystem_class(protocol)
     if protocol in _S3:
