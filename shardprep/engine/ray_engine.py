@@ -27,7 +27,12 @@ the end (a local instance it started is shut down).
 
 With a URL OUT each write task writes its shard on its own node (its ``TMPDIR``, one
 shard at a time) and uploads it into OUT itself (:mod:`shardprep.upload`); only the
-shard's record comes back. RAW must be readable from every node: a URL, or a path every
+shard's record comes back. A task killed with its driver leaves its staging folder on its
+node (``shardprep-staging-*``, ``.partial`` files in it), so before the first write such a
+build runs one small task on every live node that removes the folders of dead builds from
+that node's ``TMPDIR`` (:func:`shardprep.scratch.sweep_stale`: only folders a shardprep
+build made, whose lock no live process holds; a folder of a running build, or one that is
+not shardprep's, is never touched). RAW must be readable from every node: a URL, or a path every
 node sees (a shared filesystem), as must a folder OUT. The storage options (credentials
 included) are pickled into the tasks. shardprep itself must be importable on every node.
 """
@@ -46,6 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardprep.engine.faults import TransientWriteError, classify
 from shardprep.engine.tasks import ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
+from shardprep.scratch import sweep_stale
 from shardprep.write import ShardRecord
 
 if TYPE_CHECKING:
@@ -62,6 +68,7 @@ CANCEL_NOTICE_S = 5.0  # a wait for cancelled tasks longer than this is announce
 CANCEL_GRACE_S = 0.25  # tasks ending within this are left to end, not cancelled (see above)
 POLL_S = 0.5
 CONNECT_TIMEOUT_S = 10.0
+SWEEP_WAIT_S = 30.0  # how long the build waits for the nodes' sweeps (then writes anyway)
 
 LOG = logging.getLogger("shardprep")
 
@@ -108,6 +115,11 @@ def _call(fn: Callable[[T], R], item: T) -> R:
     return fn(item)
 
 
+def _sweep_node() -> list[str]:
+    """Runs on one node: the folders of dead builds it removed from the node's ``TMPDIR``."""
+    return sweep_stale()
+
+
 def _write(task: ShardTask, write: WriteTask) -> ShardRecord:
     """Runs in a Ray worker: write one shard; a transient I/O error becomes retryable."""
     try:
@@ -132,6 +144,7 @@ class RayEngine:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.window = max(2, 2 * cpus)  # tasks in flight
         self._call = ray.remote(max_retries=MAX_RETRIES)(_call)
+        self._sweep = ray.remote(num_cpus=0, max_retries=0)(_sweep_node)
         self._write = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[TransientWriteError])(
             _write
         )
@@ -187,6 +200,8 @@ class RayEngine:
     ) -> Generator[tuple[int, ShardRecord], None, None]:
         """One Ray task per shard, ``window`` in flight; yields as tasks complete."""
         ray = self._ray
+        if context.upload is not None:  # shards are staged on the nodes: sweep dead builds'
+            self.sweep_nodes()
         queue = iter(todo)
         pending: dict[Any, int] = {}
         try:
@@ -218,6 +233,43 @@ class RayEngine:
         except BaseException:
             self._cancel({ref: f"shard {shard}" for ref, shard in pending.items()})
             raise
+
+    def sweep_nodes(self) -> dict[str, list[str]]:
+        """Remove dead builds' scratch and staging folders on every live node (one task each,
+        waited for at most ``SWEEP_WAIT_S``); returns node id -> the folders removed there.
+        A node that fails or does not answer in time is named in a warning; the build goes on."""
+        ray = self._ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        sweeps = {
+            self._sweep.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(): str(node["NodeID"])
+            for node in ray.nodes()
+            if node.get("Alive")
+        }
+        done, late = ray.wait(list(sweeps), num_returns=len(sweeps), timeout=SWEEP_WAIT_S)
+        removed: dict[str, list[str]] = {}
+        for ref in done:
+            try:
+                removed[sweeps[ref]] = list(ray.get(ref))
+            except Exception as err:  # the node left, or its TMPDIR is unreadable
+                LOG.warning(
+                    "node %s: the folders of killed builds there were not looked for (%s)",
+                    sweeps[ref],
+                    err,
+                )
+        for node, folders in removed.items():
+            if folders:
+                LOG.info("node %s: removed %d folder(s) of killed builds", node, len(folders))
+        if late:
+            LOG.warning(
+                "%d node(s) did not look for the folders of killed builds within %.0f s: %s",
+                len(late),
+                SWEEP_WAIT_S,
+                _named(sweeps[ref] for ref in late),
+            )
+        return removed
 
     def _get(self, ref: Any, scan_task: int = -1, shard: int = -1) -> Any:
         """The task's result; its ShardprepError is re-raised as itself (not wrapped by Ray).

@@ -175,6 +175,14 @@ def _gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
 
 
+def _until_gone(pid: int) -> None:
+    """Wait (bounded) until process ``pid`` has exited."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs after {DEADLINE_S} s"
+        time.sleep(0.1)  # polling /proc, bounded by the deadline
+
+
 def _until(check: Callable[[], bool], what: str, driver: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not check():
@@ -259,12 +267,18 @@ def test_killed_driver_then_resume_from_what_is_in_out(
             driver,
         )
         assert "shard-00003.tar" not in _check_complete_objects(s3, prefix, data)
-        (_, node, staging) = next(r for r in _ran(hooks) if r[0] == 3)
+        (_, node, worker, staging) = next(r for r in _ran_by(hooks) if r[0] == 3)
         assert (Path(staging) / "shard-00003.tar").exists()  # staged on its node
         assert Path(staging).parent == nodes.tmp[node]
         assert not [p for p in driver_tmp.iterdir() if "staging" in p.name]  # not on the driver
         os.killpg(driver.pid, signal.SIGKILL)
+        # Ray ends a dead driver's tasks gracefully (their staging folders go with them); one
+        # killed outright (the node's out-of-memory killer, Ray's kill after its grace
+        # period) leaves its folder on the node
+        os.kill(worker, signal.SIGKILL)
         driver.wait(timeout=30)
+    _until_gone(worker)
+    assert (Path(staging) / "shard-00003.tar").exists()
     (hooks / "hold-3").unlink()
     assert _check_complete_objects(s3, prefix, data) == {
         f"shard-{s:05d}.tar" for s in range(SHARDS) if s != 3
@@ -280,6 +294,9 @@ def test_killed_driver_then_resume_from_what_is_in_out(
     assert json.loads(result.stdout)["reused_shards"] == SHARDS - 2
     assert "shard-00001.tar: damaged since the interrupted build" in result.stderr
     assert _objects(s3, prefix) == data.reference
+    # the resumed build swept the killed build's staging folder off its node (issue 34 item 7)
+    for tmp in nodes.tmp.values():
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("shardprep-")] == []
 
 
 def test_a_node_removed_mid_write_gives_the_same_objects(
