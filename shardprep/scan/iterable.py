@@ -16,7 +16,11 @@ A sample is a mapping, as WebDataset's writer takes it:
 - every other key is a member's extension (``jpg``, ``seg.png``: ``[A-Za-z0-9_-]`` words
   joined by dots) whose value is bytes (bytes, bytearray, memoryview), a str (written as
   UTF-8) or a dict (written as JSON: sorted keys, no spaces, non-ASCII kept);
-- keys starting with ``__`` other than ``__key__`` (``__url__``) are ignored.
+- a field the loader sets itself (``__padded__``, ``__weight__``, ``__position__``,
+  ``__source__``: :data:`~shardprep.format.shardformat.LOADER_FIELDS` but ``__key__``) is
+  refused naming the sample's key and the field: the loader would never hand it back;
+- other keys starting with ``__`` (WebDataset's reader adds ``__url__``, ``__local_path__``)
+  are ignored, so a sample read back from WebDataset can be written again as it is.
 
 Members are written in sorted extension order, so the bytes written depend only on the
 samples and their order, never on a dict's insertion order. Pure checks plus appends to
@@ -33,7 +37,13 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from shardprep.format.errors import InputError
-from shardprep.format.shardformat import EOF_MARKER, MAX_EXTENSIONS, padding, tar_header
+from shardprep.format.shardformat import (
+    EOF_MARKER,
+    LOADER_FIELDS,
+    MAX_EXTENSIONS,
+    padding,
+    tar_header,
+)
 from shardprep.keys import is_valid_key
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable, label_text
 
@@ -116,6 +126,13 @@ def _check_sample(
         )
     members = []
     for field in sorted(str(f) for f in sample):
+        if field in LOADER_FIELDS and field != KEY_FIELD:
+            raise InputError(
+                f"sample {key!r}: the field {field!r} is one the loader sets itself (it "
+                "would never be handed back: the loader's own value takes its place); "
+                "keep the value in a member of your own (e.g. in the sample's 'json') or "
+                "drop the field"
+            )
         if field.startswith("__") or field == LABEL_FIELD:
             continue  # __key__, and WebDataset's __url__ / __local_path__: not members
         if not _EXT.fullmatch(field):
