@@ -24,6 +24,7 @@ from shardprep.format.shardformat import (
     BLOCK,
     EOF_MARKER,
     FRAME_BYTES,
+    MAX_EXTENSIONS,
     decode_index,
     encode_index,
     index_name,
@@ -35,7 +36,7 @@ from shardprep.format.shardformat import (
 from shardprep.inventory import SampleRef
 from shardprep.remote_input import RemoteParts
 from shardprep.storage import is_url
-from shardprep.transform import SampleMap, apply_map
+from shardprep.transform import MapError, SampleMap, apply_map
 
 __all__ = [
     "FRAME_BYTES",
@@ -144,6 +145,8 @@ class _ShardBuffer:
         self.source_end.append(len(self.sources))
 
     def _new_ext(self, ext: str) -> tuple[int, bytes]:
+        if len(self._exts) >= MAX_EXTENSIONS:  # member_ext is uint16: refused, not overflowed
+            raise _TooManyNames(ext)
         entry = self._exts[ext] = (len(self._exts), b"." + ext.encode("utf-8", "surrogateescape"))
         return entry
 
@@ -203,6 +206,11 @@ class _ShardBuffer:
 
 
 _ZEROS = bytes(BLOCK)
+
+
+class _TooManyNames(Exception):
+    """A sample brings the shard's distinct member names past MAX_EXTENSIONS (only a --map
+    can: the scan bounds a build's names); write_shard names the shard and the sample."""
 
 
 class _PartReader:
@@ -291,7 +299,10 @@ def write_shard(
                 members = _read_members(sample, reader)
                 if transform is not None:
                     members = apply_map(transform, sample.key, members, index, sample.source)
-                shard.add(key, members, sample)
+                try:
+                    shard.add(key, members, sample)
+                except _TooManyNames as err:
+                    raise _names_error(index, sample, transform, str(err)) from None
                 if sample.label >= 0:
                     class_counts[sample.label] += 1
                 done += 1
@@ -332,6 +343,24 @@ def write_shard(
         index_bytes=len(index_bytes),
         class_counts=tuple(class_counts),
     )
+
+
+def _names_error(
+    index: int, sample: SampleRef, transform: SampleMap | None, ext: str
+) -> WriteError:
+    """The refusal of the sample whose member ``ext`` would be shard ``index``'s
+    (MAX_EXTENSIONS + 1)-th distinct member name."""
+    where = f"shard {index}: " + (
+        f"map {transform.name} on sample {sample.key!r}" if transform else f"sample {sample.key!r}"
+    )
+    text = (
+        f"{where} (from {sample.source!r}): its member {ext!r} would be the shard's "
+        f"{MAX_EXTENSIONS + 1:,}th distinct member name; a shard holds at most "
+        f"{MAX_EXTENSIONS:,} (its index numbers them in 16 bits): return the same member "
+        "names for every sample and put per-sample data inside a member (an .npz, a .json, "
+        "a .tar) instead of in its name"
+    )
+    return MapError(text, index) if transform else WriteError(text, index)
 
 
 def _read_members(sample: SampleRef, reader: _PartReader) -> list[tuple[str, bytes]]:
