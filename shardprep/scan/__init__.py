@@ -23,8 +23,8 @@ from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
-from shardprep.scan.parquet import is_parquet_name, scan_parquet
-from shardprep.scan.prefix import top_level
+from shardprep.scan.parquet import is_parquet_name, is_sidecar, scan_parquet
+from shardprep.scan.prefix import TopLevel, first_folder, top_level
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
 from shardprep.storage import is_url
@@ -48,19 +48,26 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
 
     ``raw`` is a path or a URL prefix (``s3://bucket/train``): the same rules read the top
     level of either (:func:`~shardprep.scan.prefix.top_level`: a scandir, or one listing).
-    A ``.parquet`` file and a folder whose top-level files are all ``.parquet`` (names
-    starting with ``_`` or ``.`` aside, as Spark writes them) are Parquet input.
+    A ``.parquet`` file is Parquet input, and so is a folder whose data files are Parquet,
+    sidecars aside (:func:`~shardprep.scan.parquet.is_sidecar`: ``_SUCCESS``, ``*.crc``,
+    ``README*``, ``dataset_info.json``...): its top-level data files if it has any, else
+    those of its first folder with files (Hive partitions ``label=3/``, a ``data/``
+    folder; folders starting with ``_`` aside). Parquet files beside other data files in
+    that folder are refused as ambiguous (``--format`` decides); the Parquet scan then
+    refuses other data files anywhere below (:func:`~shardprep.scan.parquet.list_parquet`).
 
-    A folder that holds only folders is class folders unless its first folder
-    with files holds ``.cls`` label parts (then it is keyed). The scan then
+    Otherwise a folder that holds only folders is class folders unless its first folder
+    with files holds ``.cls`` label parts (then it is keyed); a class folder named like a
+    partition (``label=3/`` of JPEGs) is a class of that name. The scan then
     refuses what contradicts the choice wherever it is (a ``.cls`` file in a
     class folder, a keyed sample without a label), so the outcome never
     depends on which folder sorts first.
 
     Raises:
         InputError: ``raw`` is missing, empty, of no known layout, or ambiguous
-            (files and folders side by side without ``.cls`` labels): the
-            message asks for ``--format``; a URL whose storage cannot be reached.
+            (files and folders side by side without ``.cls`` labels, Parquet files beside
+            other data files): the message asks for ``--format``; a URL whose storage
+            cannot be reached.
     """
     top = top_level(raw, storage_options)  # raises for a missing RAW, an unreachable store
     if top.is_file:
@@ -84,9 +91,17 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
     shards = [n for n in files if not (n.endswith(".idx") or n == MANIFEST_NAME)]
     if shards and all(n.endswith(".tar") for n in shards):
         return InputFormat.TAR
-    tables = [n for n in files if not n.startswith("_")]  # Spark's _SUCCESS, _common_metadata
-    if tables and all(is_parquet_name(n) for n in tables):
+    data = [n for n in files if not is_sidecar(n)]  # README, _SUCCESS, *.crc ... aside
+    if _parquet_data(raw, raw, data):
         return InputFormat.PARQUET
+    first: list[str] | None = None
+    if not data and folders:  # the data lie in folders: Parquet if the first one's are
+        tables = [f for f in folders if not f.startswith("_")]  # Spark's _temporary aside
+        found = first_folder(raw, storage_options, TopLevel(False, [], tables))
+        if found is not None:
+            where, first = found
+            if _parquet_data(raw, where, first):
+                return InputFormat.PARQUET
     if files and (not folders or any(is_label_file(n) for n in files)):
         return InputFormat.KEYED
     if files:
@@ -97,8 +112,35 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
             "classes (--format class-folders)",
             raw,
         )
-    labelled = first_files_have_labels(raw, storage_options, top)
+    if first is None or any(f.startswith("_") for f in folders):
+        labelled = first_files_have_labels(raw, storage_options, top)
+    else:  # (the same first folder: listed once)
+        labelled = any(is_label_file(n) for n in first)
     return InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
+
+
+def _parquet_data(raw: str, where: str, names: list[str]) -> bool:
+    """True if the data files ``names`` (sidecars aside) of the folder ``where`` are
+    Parquet, False if none is.
+
+    Raises:
+        InputError: some are Parquet and some are not: ambiguous, ``--format`` decides.
+    """
+    data = [n for n in names if not is_sidecar(n)]
+    parquet = [n for n in data if is_parquet_name(n)]
+    if not parquet:
+        return False
+    other = next((n for n in data if not is_parquet_name(n)), None)
+    if other is not None:
+        raise InputError(
+            f"{raw}: ambiguous layout: {'the top level' if where == raw else where} holds "
+            f".parquet files (e.g. {parquet[0]!r}) and "
+            f"other files (e.g. {other!r}); pass --format parquet to read the .parquet files "
+            "alone (one sample per row; the others are skipped), or --format keyed to read "
+            "every file as a sample",
+            raw,
+        )
+    return True
 
 
 def scan(
@@ -161,9 +203,13 @@ def scan(
     if fmt is InputFormat.LISTING:
         inventory = scan_listing(raw, count, path_column, label_column, ordered_map, options, sink)
     elif fmt is InputFormat.CLASS_FOLDERS:
-        inventory = scan_class_folders(root, count, workers, ordered_map, sink, part_sink, options)
+        inventory = scan_class_folders(
+            root, count, workers, ordered_map, sink, part_sink, options, strict=detected
+        )
     elif fmt is InputFormat.PARQUET:
-        inventory = scan_parquet(raw, count, scratch, label_column, key_column, options, sink)
+        inventory = scan_parquet(
+            raw, count, scratch, label_column, key_column, options, sink, strict=detected
+        )
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(root, count, not detected, sink, options)
     else:

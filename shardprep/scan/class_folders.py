@@ -13,6 +13,7 @@ from typing import Any
 from shardprep.format.errors import InputError
 from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
+from shardprep.scan.parquet import is_parquet_name
 from shardprep.scan.prefix import join, top_level, walk_input
 from shardprep.scan.walk import Problems, Tick
 from shardprep.workers import worker_pool
@@ -65,8 +66,12 @@ def scan_class_folders(
     sink: SinkFactory = InventoryBuilder,
     part_sink: SinkFactory = InventoryBuilder,
     storage_options: Mapping[str, Any] | None = None,
+    strict: bool = False,
 ) -> InventoryView:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
+
+    ``strict`` (the layout was detected) refuses a ``.parquet`` file: a Parquet file is
+    never one sample on a guess (``--format class-folders`` says it is).
 
     ``root`` is a folder or a URL prefix (one paginated listing per class folder, with
     ``storage_options``: :func:`~shardprep.scan.prefix.walk_input`).
@@ -84,7 +89,7 @@ def scan_class_folders(
     builder = sink(root, False)
     problems = Problems()
     options = dict(storage_options) if storage_options else None  # travels with each task
-    jobs = [(root, label, name, part_sink, options) for label, name in enumerate(classes)]
+    jobs = [(root, label, name, part_sink, options, strict) for label, name in enumerate(classes)]
     if ordered_map is not None:
         results: Iterator[tuple[InventorySink, Problems]] = iter(ordered_map(_scan_class, jobs))
         for part, part_problems in results:  # merged one at a time, in class order
@@ -100,7 +105,7 @@ def scan_class_folders(
     else:
         for job in jobs:
             before = len(builder)
-            _scan_class_into(job[:3], builder, problems, options)
+            _scan_class_into(job[:3], builder, problems, options, strict)
             tick(len(builder) - before)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
@@ -119,13 +124,13 @@ def _merge(
 
 
 def _scan_class(
-    job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None],
+    job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool],
 ) -> tuple[InventorySink, Problems]:
     """Scan one class folder into its own part (runs in a worker process when parallel)."""
-    root, label, name, part_sink, options = job
+    root, label, name, part_sink, options, strict = job
     builder = part_sink(root, False)
     problems = Problems()
-    _scan_class_into((root, label, name), builder, problems, options)
+    _scan_class_into((root, label, name), builder, problems, options, strict)
     return builder.finish_part(), problems
 
 
@@ -134,8 +139,10 @@ def _scan_class_into(
     builder: InventorySink,
     problems: Problems,
     storage_options: Mapping[str, Any] | None = None,
+    strict: bool = False,
 ) -> None:
-    """Add every file of one class folder to ``builder``, in sorted order."""
+    """Add every file of one class folder to ``builder``, in sorted order (``strict``: a
+    ``.parquet`` file refused)."""
     root, label, name = job
     before = len(builder)
     for entry in walk_input(join(root, name), problems, storage_options):
@@ -154,6 +161,15 @@ def _scan_class_into(
                 "a .cls label file in class-folder input, where the folder names the class; "
                 "remove it, or if .cls files label keyed samples, give every sample one "
                 "(then the input is read as keyed files)",
+            )
+            continue
+        if strict and is_parquet_name(entry.name):
+            problems.add(
+                join(root, rel_dir, entry.name),
+                "a Parquet file in class folders (the first class folder holds no Parquet, so "
+                "the input was read as class folders); a Parquet file is never read as one "
+                "sample on a guess: pass --format parquet to read rows as samples, or "
+                "--format class-folders to take each file as one sample",
             )
             continue
         builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])

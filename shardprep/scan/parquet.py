@@ -9,7 +9,18 @@ Columns become the sample's parts:
   its values interned as a listing's are (strings: class names sorted; integers: indices);
 - the key column (``--key-column``, default ``key`` or ``__key__`` if present) gives the
   key, else ``<file stem>-<row:09d>`` (the row's number in its file);
-- every other column goes into the sample's ``.json`` (sorted keys).
+- every other column goes into the sample's ``.json`` (sorted keys);
+- a Hive partition folder (``label=3/``, as Spark's ``partitionBy`` writes) is a column of
+  every row below it (its value a string, ``%XX`` escapes decoded, Hive's
+  ``__HIVE_DEFAULT_PARTITION__`` null): the label if it is the label column, else in the
+  ``.json``; one column per level (``year=2024/label=3/``). A partition column that the file
+  also holds must hold the folder's value on every row (refused naming file, column and row).
+
+Beside the ``.parquet`` files, well-known sidecars are skipped at any depth
+(:func:`is_sidecar`: ``_SUCCESS``, ``_committed_*`` and every ``_``/``.`` name, ``*.crc``,
+``README*``, ``dataset_info.json``), and so are folders whose names start with ``_`` or
+``.`` (Spark's ``_temporary``). When the layout was detected, any other file is refused
+(:func:`list_parquet`, ``strict``); ``--format parquet`` reads the ``.parquet`` files alone.
 
 The payloads live inside the Parquet files (in compressed, encoded pages), so the scan
 copies them once into a spill file per Parquet file in the build's scratch folder, and
@@ -32,6 +43,7 @@ import json
 import os
 import re
 import tempfile
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -77,6 +89,25 @@ def is_parquet_name(name: str) -> bool:
     return base.lower().endswith(SUFFIX) and not base.startswith((".", "_"))
 
 
+SIDECAR_NAMES = ("dataset_info.json",)  # Hugging Face's, beside its Parquet exports
+
+
+def is_sidecar(name: str) -> bool:
+    """True for a file that lies beside Parquet data without being data: hidden or Spark's
+    (``.x``, ``_SUCCESS``, ``_committed_<id>``, ``_started_<id>``, ``_common_metadata``), a
+    checksum (``*.crc``, as Hadoop writes ``.part-0.parquet.crc``), a ``README`` (``.md``,
+    ``.txt``, any) or Hugging Face's ``dataset_info.json``."""
+    base = name.rsplit("/", 1)[-1]
+    lower = base.lower()
+    return (
+        base.startswith((".", "_"))
+        or lower.endswith(".crc")
+        or lower == "readme"
+        or lower.startswith("readme.")
+        or lower in SIDECAR_NAMES
+    )
+
+
 def _import_pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq
@@ -88,41 +119,75 @@ def _import_pyarrow() -> Any:
     return pq
 
 
-def list_parquet(raw: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def list_parquet(
+    raw: str, storage_options: Mapping[str, Any] | None = None, strict: bool = False
+) -> list[str]:
     """The Parquet files of ``raw`` (a file, a folder or a URL prefix), sorted by path.
 
-    A folder's files are found at any depth; names starting with ``.`` or ``_`` (Spark's
-    ``_SUCCESS``, ``_common_metadata``) and folders starting with ``.`` are skipped.
+    A folder's files are found at any depth; sidecars (:func:`is_sidecar`) and folders whose
+    names start with ``.`` or ``_`` (Spark's ``_temporary``) are skipped. ``strict`` (the
+    layout was detected, not given) refuses any other file: a folder of Parquet files and
+    images is not read as Parquet on a guess.
 
     Raises:
-        InputError: nothing found, or a URL that cannot be listed (naming it).
+        InputError: nothing found, another file found with ``strict``, or a URL that cannot
+            be listed (naming it).
     """
     if is_url(raw):
         fs, path = open_url(raw, storage_options)
+        path = path.rstrip("/")
         protocol = raw[: raw.index("://") + 3]
         try:
             if fs.isfile(path):
                 return [raw]
-            found = sorted(p for p in fs.find(path) if is_parquet_name(p))
+            found = sorted(p for p in fs.find(path) if p.startswith(path + "/") and p[-1] != "/")
         except Exception as err:  # a backend's own transport errors are not all OSErrors
             raise InputError(describe_error(raw, err), raw) from err
-        files = [protocol + p for p in found if not _hidden(p[len(path) :])]
+        names = [protocol + p for p in found if not _skipped_folder(p[len(path) :])]
     elif os.path.isfile(raw):
         return [os.path.abspath(raw)]
     else:
         top = os.path.abspath(raw)
-        files = []
-        for folder, dirs, names in os.walk(top):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            files += [os.path.join(folder, n) for n in names if is_parquet_name(n)]
-        files.sort()
+        names = []
+        for folder, dirs, found_here in os.walk(top):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+            names += [os.path.join(folder, n) for n in found_here]
+        names.sort()
+    files = [n for n in names if is_parquet_name(n)]
+    others = [n for n in names if not is_parquet_name(n) and not is_sidecar(n)]
+    if strict and others:
+        more = f" (and {len(others) - 1:,} more)" if len(others) > 1 else ""
+        raise InputError(
+            f"{others[0]}{more}: not a Parquet file, in {raw}, whose data files are Parquet "
+            "(README*, dataset_info.json, _SUCCESS and other _* names, *.crc are skipped "
+            "beside them); pass --format parquet to read the .parquet files alone (the "
+            "others are skipped), or move the other files out of the input",
+            others[0],
+        )
     if not files:
         raise InputError(f"{raw}: no .parquet files found", raw)
     return files
 
 
-def _hidden(rel: str) -> bool:
-    return any(part.startswith(".") for part in rel.strip("/").split("/")[:-1])
+def _skipped_folder(rel: str) -> bool:
+    """True below a folder whose name starts with ``.`` or ``_`` (``rel``: from the input)."""
+    return any(part.startswith((".", "_")) for part in rel.strip("/").split("/")[:-1])
+
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # Spark's and Hive's folder for a null value
+
+
+def partition_columns(rel: str) -> tuple[tuple[str, str | None], ...]:
+    """The Hive partition columns of the file at ``rel`` (relative to the input): one
+    ``(name, value)`` per ``name=value`` folder on its path, outermost first; names and values
+    with their ``%XX`` escapes decoded (as Spark writes them), :data:`HIVE_NULL` as None."""
+    columns = []
+    for folder in rel.strip("/").split("/")[:-1]:
+        name, eq, value = folder.partition("=")
+        if eq and name:
+            text = urllib.parse.unquote(value)
+            columns.append((urllib.parse.unquote(name), None if text == HIVE_NULL else text))
+    return tuple(columns)
 
 
 @dataclass(frozen=True)
@@ -134,10 +199,22 @@ class _Columns:
     key: str  # "" for row numbers
     label: str  # "" for unlabelled
     meta: tuple[str, ...]  # everything else, into .json
+    partitions: tuple[str, ...] = ()  # Hive partition columns (folders), outermost first
+    in_file: tuple[str, ...] = ()  # ... of those, the ones the file holds too (checked)
+
+    def from_path(self, column: str) -> bool:
+        """True if ``column``'s values come from the partition folders, not the file."""
+        return column in self.partitions and column not in self.in_file
 
 
-def _columns(schema: Any, where: str, key_column: str | None, label_column: str | None) -> _Columns:
-    """Classify the columns of an Arrow schema.
+def _columns(
+    schema: Any,
+    where: str,
+    key_column: str | None,
+    label_column: str | None,
+    partitions: tuple[str, ...] = (),
+) -> _Columns:
+    """Classify the columns of an Arrow schema and the file's Hive ``partitions`` (names).
 
     Raises:
         ParquetInputError: a named column is missing, a member column cannot name a member,
@@ -145,7 +222,8 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
     """
     import pyarrow as pa
 
-    names = list(schema.names)
+    in_file = tuple(p for p in partitions if p in schema.names)
+    names = list(schema.names) + [p for p in partitions if p not in in_file]
     for given, what, flag in ((key_column, "key", "--key-column"), (label_column, "label", "")):
         if given is not None and given not in names:
             raise ParquetInputError(
@@ -159,7 +237,15 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
         if label_column is not None
         else (LABEL_COLUMN if LABEL_COLUMN in names else "")
     )
-    binary, structs, meta = [], [], []
+    if key and key not in schema.names:
+        raise ParquetInputError(
+            f"{where}: the key column {key!r} is a partition folder ({key}=...), which one "
+            "value names for every row below it: give the rows a key column of their own, or "
+            "leave out --key-column to number them",
+            where,
+        )
+    binary, structs = [], []
+    meta = [p for p in partitions if p not in in_file and p != label]
     for field in schema:
         if field.name in (key, label):
             continue
@@ -193,7 +279,7 @@ def _columns(schema: Any, where: str, key_column: str | None, label_column: str 
             "least one binary column or a Hugging Face Image/Audio column ({bytes, path})",
             where,
         )
-    return _Columns(tuple(binary), tuple(structs), key, label, tuple(meta))
+    return _Columns(tuple(binary), tuple(structs), key, label, tuple(meta), partitions, in_file)
 
 
 def _is_bytes(kind: Any) -> bool:
@@ -319,8 +405,12 @@ def scan_parquet(
     key_column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     sink: SinkFactory = InventoryBuilder,
+    strict: bool = False,
 ) -> InventoryView:
     """Inventory of every row of the Parquet files at ``raw``, their payloads spilled.
+
+    ``strict`` (a detected layout) refuses files other than Parquet and sidecars
+    (:func:`list_parquet`). Hive partition folders are columns of their rows (module doc).
 
     ``scratch`` is the folder the payloads are copied into (a fresh sub-folder of it is
     made; the caller removes ``scratch`` with everything in it); None makes a temporary
@@ -335,7 +425,7 @@ def scan_parquet(
         OutputError: the scratch folder is full.
     """
     pq = _import_pyarrow()
-    files = list_parquet(raw, storage_options)
+    files = list_parquet(raw, storage_options, strict)
     base = _base(raw, files)
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable(ParquetInputError)
@@ -346,7 +436,8 @@ def scan_parquet(
         rel = location[len(base) :].lstrip("/") if location != base else _basename(location)
         with _open(pq, location, storage_options) as parquet:
             where = location
-            columns = _columns(parquet.schema_arrow, where, key_column, label_column)
+            folders = dict(partition_columns(rel))
+            columns = _columns(parquet.schema_arrow, where, key_column, label_column, (*folders,))
             if first is None:
                 first = (where, columns)
                 builder = sink(root, bool(columns.meta))
@@ -358,7 +449,7 @@ def scan_parquet(
                 )
             spill = _Spill(_spill_path(root, rel, location))
             try:
-                for rows in _read(parquet, columns, where, rel, labels, spill, seen):
+                for rows in _read(parquet, columns, where, rel, labels, spill, seen, folders):
                     for stem, label, parts, meta in rows:
                         builder.add(stem, label, parts, spill.path, meta)
                     tick(len(rows))
@@ -456,8 +547,13 @@ def _read(
     labels: LabelTable,
     spill: _Spill,
     seen: set[str],
+    folders: Mapping[str, str | None] | None = None,
 ) -> Iterator[list[_Row]]:
-    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled."""
+    """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled.
+
+    ``folders``: the file's Hive partition values (:func:`partition_columns`)."""
+    folders = folders or {}
+    from_path = {c: v for c, v in folders.items() if columns.from_path(c) and c != columns.label}
     batch_rows = _batch_rows(parquet.metadata)
     stem_prefix = rel[: -len(SUFFIX)] if rel.lower().endswith(SUFFIX) else rel
     row = 0
@@ -468,8 +564,18 @@ def _read(
             unreleased += batch.nbytes
             members = _spill_members(batch, columns, spill, where, seen, row)
             keys = batch.column(columns.key).to_pylist() if columns.key else None
-            label_values = batch.column(columns.label).to_pylist() if columns.label else None
-            metas = batch.select(list(columns.meta)).to_pylist() if columns.meta else None
+            if columns.label and columns.from_path(columns.label):
+                label_values: list[Any] | None = [folders[columns.label]] * n
+            else:
+                label_values = batch.column(columns.label).to_pylist() if columns.label else None
+            file_meta = [c for c in columns.meta if c not in from_path]
+            metas = None
+            if columns.meta:
+                metas = batch.select(file_meta).to_pylist() if file_meta else [{}] * n
+            if metas is not None and from_path:
+                metas = [{**m, **from_path} for m in metas]
+            for column in columns.in_file:
+                _check_partition(batch.column(column), folders[column], column, where, row, rel)
             rows: list[_Row] = []
             for i in range(n):
                 number = row + i
@@ -514,6 +620,21 @@ def _read(
         raise ParquetInputError(_damage(parquet, columns, where, row, err), where) from err
 
 
+def _check_partition(
+    values: Any, folder: str | None, column: str, where: str, first_row: int, rel: str
+) -> None:
+    """Refuse a row whose ``column`` differs from its partition folder's value (as text)."""
+    for i, value in enumerate(values.to_pylist()):
+        if (None if value is None else str(value)) != folder:
+            path = "/".join(f for f in rel.split("/")[:-1] if f.startswith(f"{column}="))
+            raise ParquetInputError(
+                f"{where}: row {first_row + i}: column {column!r} holds {value!r} while its "
+                f"partition folder {path!r} says {folder!r}; a partition column must hold "
+                "its folder's value: rewrite the file, or drop the column from it",
+                where,
+            )
+
+
 def _meta_json(meta: dict[str, Any], where: str, number: int, stem: str) -> bytes:
     """The row's other columns as its ``.json`` (sorted keys); NaN and infinities, which are
     not JSON (``json.loads`` elsewhere refuses them), are refused naming the column."""
@@ -548,7 +669,7 @@ def _damage(parquet: Any, columns: _Columns, where: str, row: int, err: Exceptio
     (a batch may span groups); pyarrow's text is cut to its first line."""
     meta = parquet.metadata
     wanted = [c for c in (*columns.binary, *columns.structs, columns.key, columns.label) if c]
-    wanted += list(columns.meta)
+    wanted = [c for c in (*wanted, *columns.meta) if not columns.from_path(c)]
     first = 0
     for group in range(meta.num_row_groups):
         last = first + meta.row_group(group).num_rows

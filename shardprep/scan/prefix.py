@@ -30,7 +30,15 @@ from shardprep.format.errors import InputError, ShardprepError
 from shardprep.scan.walk import FileEntry, Problems, walk_files
 from shardprep.storage import describe_error, is_url, open_url
 
-__all__ = ["CONTACT_TIMEOUT_S", "TopLevel", "first_files", "join", "top_level", "walk_input"]
+__all__ = [
+    "CONTACT_TIMEOUT_S",
+    "TopLevel",
+    "first_files",
+    "first_folder",
+    "join",
+    "top_level",
+    "walk_input",
+]
 
 CONTACT_TIMEOUT_S = 30.0  # the first listing of a URL RAW, retries included
 T = TypeVar("T")
@@ -158,11 +166,19 @@ def first_files(
     the order the scanners read in. Lists only as many folders as it takes (``top``: the top
     level of ``raw``, if the caller has it already).
     """
+    found = first_folder(raw, storage_options, top)
+    return None if found is None else found[1]
+
+
+def first_folder(
+    raw: str, storage_options: Mapping[str, Any] | None = None, top: TopLevel | None = None
+) -> tuple[str, list[str]] | None:
+    """(its path, its file names) of the folder :func:`first_files` finds, or None."""
     top = top or top_level(raw, storage_options)
     if top.files:
-        return top.file_names
+        return raw, top.file_names
     for folder in top.folders:
-        found = first_files(join(raw, folder), storage_options)
+        found = first_folder(join(raw, folder), storage_options)
         if found is not None:
             return found
     return None

@@ -151,3 +151,65 @@ def test_an_output_overlapping_the_input_is_refused_before_anything_is_written(
         assert result.exit_code != 0
         assert error_lines(result)[0].startswith("Error: " + message.format(raw=raw, out=out))
         assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def _parquet(path: Path, rows: int = 3) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"jpg": [b"row-%d" % i for i in range(rows)]})
+    pq.write_table(table, path)
+
+
+def test_parquet_files_beside_images_are_ambiguous_and_format_decides(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _parquet(raw / "train.parquet")
+    write(raw / "cover.jpg", b"jpeg")
+    result = invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q")
+    assert result.exit_code == 1
+    assert error_lines(result) == [
+        f"Error: {raw}: ambiguous layout: the top level holds .parquet files (e.g. "
+        "'train.parquet') and other files (e.g. 'cover.jpg'); pass --format parquet to read "
+        "the .parquet files alone (one sample per row; the others are skipped), or --format "
+        "keyed to read every file as a sample"
+    ]
+    assert not (tmp_path / "out").exists()
+    summary = _summary(str(raw), str(tmp_path / "out"), "-n", "1", "--format", "parquet")
+    assert (summary["layout"], summary["num_samples"]) == ("parquet", 3)
+
+
+def test_a_folder_of_images_beside_parquet_files_is_refused_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    raw = tmp_path / "raw"
+    _parquet(raw / "train.parquet")
+    write(raw / "images" / "0.jpg", b"jpeg")
+    write(raw / "images" / "1.jpg", b"jpeg")
+    result = invoke("build", str(raw), str(tmp_path / "out"), "-n", "1", "-q")
+    assert result.exit_code == 1
+    assert error_lines(result) == [
+        f"Error: {raw / 'images' / '0.jpg'} (and 1 more): not a Parquet file, in {raw}, whose "
+        "data files are Parquet (README*, dataset_info.json, _SUCCESS and other _* names, "
+        "*.crc are skipped beside them); pass --format parquet to read the .parquet files "
+        "alone (the others are skipped), or move the other files out of the input"
+    ]
+    summary = _summary(str(raw), str(tmp_path / "out"), "-n", "1", "--format", "parquet")
+    assert (summary["layout"], summary["num_samples"]) == ("parquet", 3)
+
+
+def test_a_parquet_file_in_a_later_class_folder_is_never_one_sample_on_a_guess(
+    tmp_path: Path,
+) -> None:
+    raw = _class_folders(tmp_path / "raw")
+    _parquet(raw / "eel" / "rows.parquet")
+    result = invoke("build", str(raw), str(tmp_path / "out"), "-n", "2", "-q")
+    assert result.exit_code == 1
+    assert error_lines(result)[0] == "Error: 1 input problem(s), nothing was written:"
+    assert (
+        f"  {raw / 'eel' / 'rows.parquet'}: a Parquet file in class folders (the first class "
+        "folder holds no Parquet, so the input was read as class folders); a Parquet file is "
+        "never read as one sample on a guess: pass --format parquet to read rows as samples, "
+        "or --format class-folders to take each file as one sample"
+    ) in result.stderr.splitlines()
+    summary = _summary(str(raw), str(tmp_path / "out"), "-n", "2", "--format", "class-folders")
+    assert summary["num_samples"] == 3 * 4 + 1  # said explicitly: the file is one sample

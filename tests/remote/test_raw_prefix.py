@@ -241,3 +241,27 @@ def test_ray_builds_a_prefix_like_the_local_engine(
     result = run_bounded([sys.executable, "-c", script, url, out, options], timeout=240, env=env)
     assert result.returncode == 0, result.stderr
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+
+
+@pytest.mark.parametrize("export", ["spark-partitioned", "hugging-face"])
+def test_a_parquet_export_with_sidecars_on_a_prefix_builds_its_local_bytes(
+    export: str, s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """Spark's partitionBy export (_SUCCESS, .crc, _started_/_committed_, label=N/) and a Hugging
+    Face export (README.md, dataset_info.json) are Parquet on a prefix as in a folder."""
+    exports = pytest.importorskip("tests.integration.test_parquet_exports")
+    make = exports.spark_partitioned if export == "spark-partitioned" else exports.hugging_face
+    raw = make(tmp_path / "raw")
+    _upload(s3, raw, f"{bucket}/export")
+    local = shardprep.build(str(raw), str(tmp_path / "local"), shards=2, progress=False)
+    remote = shardprep.build(
+        f"s3://{bucket}/export",
+        str(tmp_path / "remote"),
+        shards=2,
+        storage_options=s3.storage_options(),
+        progress=False,
+    )
+    assert (remote.layout, remote.layout_detected) == ("parquet", True)
+    assert remote.num_samples == local.num_samples == 14  # one per row
+    assert remote.num_classes == local.num_classes == (11 if export == "spark-partitioned" else 0)
+    assert _files(tmp_path / "remote") == _files(tmp_path / "local")
