@@ -80,6 +80,7 @@ class ReaderSession(Document):
 pytest_collect_file = Sybil(
     parsers=[PythonCodeBlockParser(), SkipParser()],
     patterns=["README.md", "docs/*.md"],
+    excludes=["docs/contributing.md"],  # it shows the directives themselves, as examples
     fixtures=[PAGE_FIXTURE],
     document_types={".md": ReaderSession},
 ).pytest()
