@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.orphan_job import WORKERS, session_processes
-from tests.faults.test_orphans import GONE_S, _kill_session, _wait_for_report, _wait_until_gone
+from tests.faults.orphan_job import WORKERS
+from tests.faults.test_orphans import GONE_S, _wait_for_report
+from tests.processes import kill_session, session_processes, wait_until_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,14 +50,14 @@ def test_refused_workers_exit_when_the_trainer_is_killed(
         assert set(workers) & set(session_processes(session, zombies=False)), report
         trainer.kill()  # SIGKILL: no handler, no finalizer runs
         trainer.wait(timeout=30)
-        left = _wait_until_gone(session, GONE_S)
+        left = wait_until_gone(session, GONE_S)
         assert not left, (
             f"{len(left)} processes of the trainer's session still run {GONE_S} s after its "
             f"SIGKILL, once a guard had refused its DataLoader ({guard}): {left}\n"
             f"{log.read_text()[-3000:]}"
         )
     finally:
-        _kill_session(session)
+        kill_session(session)
         with contextlib.suppress(ProcessLookupError):
             trainer.kill()
         trainer.wait(timeout=30)
