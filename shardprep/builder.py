@@ -37,6 +37,7 @@ from shardprep.format.errors import (
 )
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
+from shardprep.interface import CLI
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
@@ -104,6 +105,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
+    progress = _Progress()  # what this build knows OUT holds, for the advice after a failure
     destination = open_destination(out, config)
     engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
     scratch: list[str] = []  # the scratch folder, once made
@@ -127,6 +129,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             plan = plan_to_files(
                 inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
             )
+            progress.num_shards = len(plan)
         fingerprint = _fingerprint(inventory, config, selection)
         complete = _already_complete(destination, config, fingerprint) if config.resume else None
         if complete is not None:  # --resume of a finished build: nothing to do, not an error
@@ -152,7 +155,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             upload,
             destination.out_lock,  # held by every writer process too (shardprep.out_lock)
         )
-        records, reused = _write_all(engine, context, destination, config)
+        records, reused = _write_all(engine, context, destination, config, progress)
         manifest = manifest_from_records(
             records,
             config.output_options(),
@@ -168,7 +171,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         if stage is _Stage.WRITE:  # every task has stopped: no partial file is being written
             destination.discard_partial()
         if is_interrupt(err) and not isinstance(err, BuildInterrupted):
-            raise _interrupted(destination, config, stage) from err
+            raise _interrupted(destination, config, stage, progress) from err
         raise
     finally:
         # Clean-up takes time (the scratch folder, Ray's shutdown): a Ctrl-C that lands in it
@@ -185,7 +188,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
                 shutil.rmtree(folder, ignore_errors=True)
             if isinstance(err, BuildInterrupted):
                 raise
-            raise _interrupted(destination, config, stage) from err
+            raise _interrupted(destination, config, stage, progress) from err
 
 
 @contextlib.contextmanager
@@ -240,10 +243,12 @@ def _already_complete(
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
     """Ray tasks upload their shards into OUT themselves: not into this process's memory."""
     if config.engine == "ray" and destination.process_local:
+        engine = config.interface.setting
         raise InputError(
-            f"{destination.out}: --engine ray cannot build into an OUT that lives in this "
-            "process's memory (its tasks run in other processes, which upload into OUT "
-            "themselves): use --engine local, or an object store or a folder as OUT",
+            f"{destination.out}: {engine('engine', 'ray')} cannot build into an OUT that lives "
+            "in this process's memory (its tasks run in other processes, which upload into OUT "
+            f"themselves): use {engine('engine', 'local')}, or an object store or a folder as "
+            "OUT",
             destination.out,
         )
 
@@ -253,11 +258,12 @@ def _check_scratch_input(raw: str, layout: InputFormat, config: BuildConfig) -> 
     nodes cannot read them (checked before the engine opens when --format parquet is given,
     after detection otherwise)."""
     if layout is InputFormat.PARQUET and config.engine == "ray" and config.cluster_address():
+        interface = config.interface
         raise InputError(
-            f"{raw}: --engine ray on a cluster cannot build from Parquet yet: its payloads are "
-            "copied into this machine's scratch folder (TMPDIR), which the other nodes cannot "
-            "read. Leave out --ray-address / RAY_ADDRESS to run Ray on this machine, or use "
-            "--engine local",
+            f"{raw}: {interface.setting('engine', 'ray')} on a cluster cannot build from "
+            "Parquet yet: its payloads are copied into this machine's scratch folder (TMPDIR), "
+            f"which the other nodes cannot read. Leave out {interface.option('ray_address')} / "
+            f"RAY_ADDRESS to run Ray on this machine, or use {interface.setting('engine', 'local')}",
             raw,
         )
 
@@ -291,39 +297,40 @@ def is_complete_output(out: str) -> bool:
     )
 
 
-def interrupted_around(out: str, was_complete: bool, overwrite: bool) -> str | None:
-    """The advice for a Ctrl-C that landed around :func:`build` rather than inside it (in its
-    first steps, or as it returned), read from what local folder ``out`` holds now; None for a
-    URL (not looked at after a Ctrl-C). ``was_complete``: ``out`` held a manifest and no journal
-    before the build began."""
+def interrupted_around(
+    out: str, was_complete: bool, overwrite: bool, shards: int, compression: str
+) -> str | None:
+    """The CLI's advice for a Ctrl-C that landed around :func:`build` rather than inside it (in
+    its first steps, or as it returned), read from what local folder ``out`` holds now; None for
+    a URL (not looked at after a Ctrl-C). ``was_complete``: ``out`` held a manifest and no
+    journal before the build began; ``shards`` and ``compression``: the build's options."""
     if is_url(out):
         return None
-    journal = os.path.exists(os.path.join(local_path(out), JOURNAL_NAME))
+    folder = local_path(out)
+    journal = os.path.exists(os.path.join(folder, JOURNAL_NAME))
     complete = is_complete_output(out)
     if journal:
-        instead = " instead of --overwrite" if overwrite else ""
-        return (
-            f"interrupted; the finished shards are kept in {out}: run the same command "
-            f"with --resume{instead} to finish the build"
-        )
+        kept = _kept_words(_shards_in(folder, shards, compression), f" in {out}")
+        again = CLI.again("resume", "overwrite" if overwrite else None)
+        return f"interrupted; {kept}: {again} to finish the build"
     if complete and not was_complete:
         return f"interrupted after the build finished: {out} is complete"
     if complete:
         return f"interrupted: {out} holds the complete output it held before"
-    return "interrupted before any shard was written: run the same command again"
+    return f"interrupted before any shard was written: {CLI.again()}"
 
 
-def _interrupted(destination: Destination, config: BuildConfig, stage: _Stage) -> BuildInterrupted:
+def _interrupted(
+    destination: Destination, config: BuildConfig, stage: _Stage, progress: _Progress
+) -> BuildInterrupted:
     """The Ctrl-C error, with the advice that works in the state the build left OUT in."""
     out = destination.out
     journal = destination.has_journal()
     interface = config.interface  # "run the same command ..." or "call shardprep.build ..."
     if stage is not _Stage.CHECK and journal:  # (with --overwrite, an old journal is gone by now)
         again = interface.again("resume", "overwrite" if config.overwrite else None)
-        return BuildInterrupted(
-            f"interrupted; the finished shards are kept in {out}: {again} to finish the build",
-            resumable=True,
-        )
+        kept = _kept_shards(destination, config, progress, f" in {out}")
+        return BuildInterrupted(f"interrupted; {kept}: {again} to finish the build", resumable=True)
     if stage is _Stage.WRITE:  # the journal is gone only once the manifest is written
         return BuildInterrupted(
             f"interrupted after the build finished: {out} is complete", resumable=False
@@ -399,16 +406,18 @@ def _write_all(
     context: WriteContext,
     destination: Destination,
     config: BuildConfig,
+    progress: _Progress,
 ) -> tuple[list[ShardRecord], int]:
     """Write every shard not already finished; returns records in shard order and #reused.
 
     Each finished shard is handed to the destination (a remote one uploads it while the
     next are written); a shard starts only once the destination has room for it (a remote
-    one bounds the shards staged locally).
+    one bounds the shards staged locally). ``progress`` counts the shards reused and written.
     """
     plan = context.plan
     records = destination.finished_records(len(plan)) if config.resume else {}
-    reused = len(records)
+    progress.reused = progress.finished = len(records)
+    progress.counted = True
     todo = [s for s in range(len(plan)) if s not in records]
     total = sum(plan.shard_size(s) for s in todo)
 
@@ -423,43 +432,81 @@ def _write_all(
         ):
             for shard, record in written:
                 records[shard] = record
+                progress.finished += 1
                 destination.shard_written(record)
-    except StalledError:
-        raise  # its sources may hang too: not stat-ed again here
+    except StalledError as err:  # its sources may hang too: not stat-ed again here
+        kept = _kept_shards(destination, config, progress)
+        raise StalledError(f"{err}. {stall_advice(kept, config)}", err.shard_index) from err
     except MapError as err:  # the worker named the sample; what to do depends on what is kept
-        kept = _kept_shards(destination, config, len(plan), len(records), reused)
+        kept = _kept_shards(destination, config, progress)
         advice = map_error_advice(kept, context.transform, config)
         raise MapError(f"{err}. {advice}", err.shard_index) from err
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
         if changed is None:
             raise
+        interface = config.interface
         raise WriteError(
             f"shard {err.shard_index}: {changed} since the scan, and the finished shards were "
-            "planned from the scanned sizes, so --resume would refuse this input: put the "
-            "file back as it was and run the same command with --resume, or rebuild from the "
-            "current input with --overwrite",
+            f"planned from the scanned sizes, so {interface.setting('resume')} would refuse "
+            f"this input: put the file back as it was and {interface.again('resume')}, or "
+            f"rebuild from the current input with {interface.setting('overwrite')}",
             err.shard_index,
         ) from err
     return [records[s] for s in range(len(plan))], len(plan) - len(todo)
 
 
+@dataclass
+class _Progress:
+    """What a build knows OUT holds, for the advice after a failure or a Ctrl-C."""
+
+    num_shards: int = 0  # planned (0 until the plan is made)
+    finished: int = 0  # reused or reported written (once counted)
+    reused: int = 0
+    counted: bool = False  # True once the shards to reuse were looked up
+
+
 def _kept_shards(
-    destination: Destination, config: BuildConfig, num_shards: int, finished: int, reused: int
+    destination: Destination, config: BuildConfig, progress: _Progress, where: str = ""
 ) -> str:
-    """Which finished shards a failed write leaves in OUT, in words; claims none it cannot
-    know. ``finished``: shards this build reused or was told were written (``reused`` of them
-    reused); every write task has stopped."""
+    """Which finished shards a failed or interrupted build leaves in OUT, in words (``where``,
+    e.g. " in OUT", after "kept"); claims none it cannot know. Every write task has stopped."""
+    finished, reused = progress.finished, progress.reused
     if not is_url(destination.out):  # a folder: what it holds now (others may have finished)
-        names = (shard_name(s, config.compression) for s in range(num_shards))
-        kept = sum(os.path.exists(os.path.join(destination.out, n)) for n in names)
-    elif destination.stages_locally and finished > reused:  # uploads stop with the build
+        return _kept_words(
+            _shards_in(destination.out, progress.num_shards, config.compression), where
+        )
+    if not progress.counted and config.resume:  # stopped before the earlier shards were listed
+        return f"the shards an earlier build finished are kept{where}"
+    if destination.stages_locally and finished > reused:  # uploads stop with the build
         if not reused:
-            return "the shards whose upload had finished are kept"
-        return f"the {reused} reused shard(s) are kept, and any whose upload had finished"
-    else:
-        kept = finished  # in OUT once written (tasks upload their own shards)
-    return f"the {kept} finished shard(s) are kept" if kept else "no shard was finished"
+            return f"the shards whose upload had finished are kept{where}"
+        return f"the {reused} reused shard(s) are kept{where}, and any whose upload had finished"
+    return _kept_words(finished, where)  # in OUT once written (tasks upload their own shards)
+
+
+def _kept_words(kept: int, where: str) -> str:
+    return (
+        f"the {kept} finished shard(s) are kept{where}" if kept else f"no shard was finished{where}"
+    )
+
+
+def _shards_in(folder: str, num_shards: int, compression: str) -> int:
+    """How many of the ``num_shards`` shard files of a build are in local folder ``folder``."""
+    names = (shard_name(s, compression) for s in range(num_shards))
+    return sum(os.path.exists(os.path.join(folder, name)) for name in names)
+
+
+def stall_advice(kept: str, config: BuildConfig) -> str:
+    """What to do after the writers made no progress for ``stall_timeout`` seconds: OUT holds
+    this build's journal, so the same build with ``--resume`` finishes it once the storage
+    answers again, reusing what is ``kept`` (see :func:`_kept_shards`)."""
+    interface = config.interface
+    again = interface.again("resume", "overwrite" if config.overwrite else None)
+    return (
+        f"{kept[0].upper()}{kept[1:]}: fix the cause and {again} (or raise "
+        f"{interface.option('stall_timeout')} for very slow storage)"
+    )
 
 
 def map_error_advice(kept: str, transform: SampleMap | None, config: BuildConfig) -> str:

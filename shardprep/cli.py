@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -53,7 +53,61 @@ def _run(
         sys.exit(130)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_BEFORE_BEGAN = "interrupted before the {} began; nothing was written"
+_BEGAN = "shardprep.command_began"  # click context meta key: a command's callback was called
+
+
+class _Command(click.Command):
+    """A command that notes in its context when its callback begins (see :class:`_Group`)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        ctx.meta[_BEGAN] = True
+        return super().invoke(ctx)
+
+
+class _Group(click.Group):
+    """The ``shardprep`` group: a Ctrl-C while click reads the command line (before the
+    command's callback, which handles its own) exits 130 with one line, not click's
+    ``Aborted!`` and exit 1; one that escapes a running command's own handling exits 130 too."""
+
+    command_class = _Command
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt:
+            _interrupted_early("command", isinstance(extra.get("obj"), _OwnProcess))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            owned = isinstance(ctx.obj, _OwnProcess)
+            if ctx.meta.get(_BEGAN):  # in the command, outside its own handling (_run)
+                _exit_interrupted("interrupted", owned)
+            name = ctx.invoked_subcommand
+            _interrupted_early("build" if name == "build" else "command", owned)
+
+
+def _interrupted_early(what: str, owned: bool) -> NoReturn:
+    """Exit 130 for a Ctrl-C before the command began: nothing was written."""
+    _exit_interrupted(_BEFORE_BEGAN.format(what), owned)
+
+
+def _exit_interrupted(message: str, owned: bool) -> NoReturn:
+    if owned:  # a second Ctrl-C must not cut the message short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo(message, err=True)
+    sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="shardprep")
 def cli() -> None:
     """Pre-shard a dataset into balanced WebDataset tar shards for distributed training."""
@@ -214,20 +268,29 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     # (a Ctrl-C can land as the build begins or returns, outside its own handling: the advice
     # then comes from what OUT holds, and whether it held a complete output before)
     was_complete = _run(lambda: _import_and_look(out), progress, lambda: _BEFORE_ANY_SHARD)
-    overwrite = bool(options.get("overwrite"))
     from shardprep.builder import build as run_build
     from shardprep.builder import interrupted_around
     from shardprep.interface import CLI
 
+    def run_to_the_end() -> Any:
+        summary = run_build(raw, out, progress=progress, interface=CLI, **options)
+        # The build is complete and the process about to exit: a Ctrl-C from now on would only
+        # turn exit 0 into a silent death by SIGINT (or "interrupted" and 130).
+        _ignore_interrupts()
+        return summary
+
     with _stdout_to_stderr(as_json):  # --json: the summary alone on stdout
         summary = _run(
-            lambda: run_build(raw, out, progress=progress, interface=CLI, **options),
+            run_to_the_end,
             progress,
-            lambda: interrupted_around(out, was_complete, overwrite),
+            lambda: interrupted_around(
+                out,
+                was_complete,
+                bool(options["overwrite"]),
+                options["shards"],
+                options["compression"],
+            ),
         )
-    # The build is complete and the process about to exit: a Ctrl-C from now on would only
-    # turn exit 0 into a silent death by SIGINT (or click's "Aborted!").
-    _ignore_interrupts()
     if summary.already_complete:  # --resume of a finished build: exit 0, as a pipeline wants
         click.echo(f"{out}: the build is already complete; nothing to resume", err=True)
     if as_json:

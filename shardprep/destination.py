@@ -48,6 +48,7 @@ from shardprep.config import BuildConfig
 from shardprep.format.errors import InputError, OutputError
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
+from shardprep.interface import Interface
 from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
@@ -71,12 +72,11 @@ PARTIAL_FILE = re.compile(
 UPLOAD_THREADS = 2
 CONTACT_TIMEOUT_S = 30.0
 """The first request to a remote OUT (listing it) must be answered within this many seconds."""
+ENDPOINT_EXAMPLE = {"client_kwargs": {"endpoint_url": "..."}}
+"""The storage option that names an S3 endpoint, as messages show it."""
 RESUME_THREADS = 8
 JOURNAL_LIMIT = 1 << 20
 LOG = logging.getLogger("shardprep")
-RESUME_ADVICE = (
-    "the shards uploaded so far are kept: fix the cause, then run the same command with --resume"
-)
 
 
 class Destination(Protocol):
@@ -153,12 +153,26 @@ def _output_error(path: str, err: OSError, advice: str) -> OutputError:
     return OutputError(f"{path}: {what}; {advice}", path)
 
 
-def _not_empty(out: str, existing: list[str], what: str) -> InputError:
+def _not_empty(out: str, existing: list[str], what: str, interface: Interface) -> InputError:
     return InputError(
         f"{out}: the output {what} is not empty ({len(existing)} entries, e.g. "
-        f"{existing[0]!r}); pass --overwrite to replace a previous build, "
-        f"--resume to finish an interrupted one, or choose an empty {what}",
+        f"{existing[0]!r}); pass {interface.setting('overwrite')} to replace a previous build, "
+        f"{interface.setting('resume')} to finish an interrupted one, or choose an empty {what}",
         out,
+    )
+
+
+def _nothing_to_resume(out: str, interface: Interface) -> InputError:
+    return InputError(
+        f"{out}: no interrupted build to resume here; {interface.without('resume')}", out
+    )
+
+
+def _journal_unreadable(path: str, problem: object, interface: Interface) -> InputError:
+    return InputError(
+        f"{path}: the build journal is unreadable ({problem}); start over with "
+        f"{interface.setting('overwrite')}",
+        path,
     )
 
 
@@ -171,11 +185,13 @@ def _journal_record(config: BuildConfig, fingerprint: str) -> dict[str, Any]:
     return {"input_fingerprint": fingerprint, "options": config.output_options()}
 
 
-def _check_journal(out: str, previous: object, record: dict[str, Any]) -> None:
+def _check_journal(
+    out: str, previous: object, record: dict[str, Any], interface: Interface
+) -> None:
     if previous != record:
         raise InputError(
             f"{out}: the interrupted build used other input or options; rerun it with "
-            "the same RAW and options, or start over with --overwrite",
+            f"the same RAW and options, or start over with {interface.setting('overwrite')}",
             out,
         )
 
@@ -212,8 +228,9 @@ class LocalDestination:
             )
         if real_raw.startswith(real_out.rstrip(os.sep) + os.sep):
             raise InputError(
-                f"{raw}: the input is inside the output folder {out} (--overwrite would delete "
-                "it); choose an output folder that does not hold the input",
+                f"{raw}: the input is inside the output folder {out} "
+                f"({self._config.interface.setting('overwrite')} would delete it); choose an "
+                "output folder that does not hold the input",
                 raw,
             )
 
@@ -221,15 +238,13 @@ class LocalDestination:
         out, config = self.out, self._config
         if not os.path.exists(out):
             if config.resume:
-                raise InputError(
-                    f"{out}: no interrupted build to resume here; run without --resume", out
-                )
+                raise _nothing_to_resume(out, config.interface)
             return
         if not os.path.isdir(out):
             raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)
         existing = sorted(os.listdir(out))
         if existing and not (config.overwrite or config.resume):
-            raise _not_empty(out, existing, "folder")
+            raise _not_empty(out, existing, "folder", config.interface)
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
         """(Tasks elsewhere write into the same path: a folder every node shares.)
@@ -256,6 +271,7 @@ class LocalDestination:
         out = self.out
         path = os.path.join(out, JOURNAL_NAME)
         record = _journal_record(self._config, fingerprint)
+        interface = self._config.interface
         if self._config.resume:
             if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.exists(path):
                 raise InputError(f"{out}: the build is already complete; nothing to resume", out)
@@ -263,15 +279,10 @@ class LocalDestination:
                 with open(path, encoding="utf-8") as f:
                     previous = json.load(f)
             except FileNotFoundError as err:
-                raise InputError(
-                    f"{out}: no interrupted build to resume here; run without --resume", out
-                ) from err
+                raise _nothing_to_resume(out, interface) from err
             except (OSError, ValueError) as err:
-                raise InputError(
-                    f"{path}: the build journal is unreadable ({err}); start over with --overwrite",
-                    path,
-                ) from err
-            _check_journal(out, previous, record)
+                raise _journal_unreadable(path, err, interface) from err
+            _check_journal(out, previous, record, interface)
             return
         tmp = os.path.join(out, f"{JOURNAL_NAME}.partial")
         try:
@@ -285,7 +296,7 @@ class LocalDestination:
                 raise _output_error(
                     path,
                     err,
-                    "cannot start the build: fix the cause, then run the same command again",
+                    f"cannot start the build: fix the cause, then {interface.again()}",
                 ) from err
             raise
 
@@ -317,8 +328,9 @@ class LocalDestination:
         except FileNotFoundError:
             sha256, problem = "", "its index is missing"
         except OSError as err:
+            again = config.interface.again("resume")
             raise _output_error(
-                path, err, "cannot read a finished shard: fix the cause, then run with --resume"
+                path, err, f"cannot read a finished shard: fix the cause, then {again}"
             ) from err
         if problem:
             _damaged(path, problem)
@@ -341,8 +353,8 @@ class LocalDestination:
             raise _output_error(
                 os.path.join(self.out, MANIFEST_NAME),
                 err,
-                "every shard is written and kept: fix the cause, then run the same command "
-                "with --resume to write the manifest",
+                "every shard is written and kept: fix the cause, then "
+                f"{self._config.interface.again('resume')} to write the manifest",
             ) from err
         os.remove(os.path.join(self.out, JOURNAL_NAME))  # the build is complete
 
@@ -495,7 +507,8 @@ class RemoteDestination:
 
         On timeout the request is left to finish in a daemon thread; nothing was written.
         """
-        advice = "check the URL, then run the same command again"
+        interface = self._config.interface
+        advice = f"check the URL, then {interface.again()}"
         result: list[dict[str, int] | BaseException] = []
 
         def contact() -> None:
@@ -510,8 +523,8 @@ class RemoteDestination:
         if not result:
             raise OutputError(
                 f"{self.out}: no answer from the storage within {CONTACT_TIMEOUT_S:g} s; check "
-                "the endpoint (--storage-option 'client_kwargs={\"endpoint_url\": ...}' or "
-                "AWS_ENDPOINT_URL) and the network, then run the same command again",
+                f"the endpoint ({interface.setting('storage_options', ENDPOINT_EXAMPLE)} or "
+                f"AWS_ENDPOINT_URL) and the network, then {interface.again()}",
                 self.out,
             )
         if isinstance(result[0], BaseException):
@@ -543,16 +556,14 @@ class RemoteDestination:
         existing = sorted(self._first_contact())
         if not existing:
             if config.resume:
-                raise InputError(
-                    f"{self.out}: no interrupted build to resume here; run without --resume",
-                    self.out,
-                )
+                raise _nothing_to_resume(self.out, config.interface)
             return
         if not (config.overwrite or config.resume):
-            raise _not_empty(self.out, existing, "prefix")
+            raise _not_empty(self.out, existing, "prefix", config.interface)
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
-        advice = "cannot clear the output prefix: fix the cause, then run the same command again"
+        again = self._config.interface.again()
+        advice = f"cannot clear the output prefix: fix the cause, then {again}"
         if self._config.overwrite:
             own = [
                 name
@@ -574,43 +585,34 @@ class RemoteDestination:
     def start_journal(self, fingerprint: str) -> None:
         record = _journal_record(self._config, fingerprint)
         url = self._object_url(JOURNAL_NAME)
+        interface = self._config.interface
         if self._config.resume:
-            entries = self._entries("fix the cause, then run the same command again")
+            entries = self._entries(f"fix the cause, then {interface.again()}")
             if MANIFEST_NAME in entries and JOURNAL_NAME not in entries:
                 raise InputError(
                     f"{self.out}: the build is already complete; nothing to resume", self.out
                 )
             if JOURNAL_NAME not in entries:
-                raise InputError(
-                    f"{self.out}: no interrupted build to resume here; run without --resume",
-                    self.out,
-                )
+                raise _nothing_to_resume(self.out, interface)
             if not 0 <= entries[JOURNAL_NAME] <= JOURNAL_LIMIT:
-                raise InputError(
-                    f"{url}: the build journal is unreadable ({entries[JOURNAL_NAME]} bytes); "
-                    "start over with --overwrite",
-                    url,
-                )
+                raise _journal_unreadable(url, f"{entries[JOURNAL_NAME]} bytes", interface)
             data = self._call(
                 lambda: self._fs.cat_file(self._path(JOURNAL_NAME)),
                 url,
-                "fix the cause, then run the same command again",
+                f"fix the cause, then {interface.again()}",
             )
             try:
                 previous = json.loads(data)
             except ValueError as err:
-                raise InputError(
-                    f"{url}: the build journal is unreadable ({err}); start over with --overwrite",
-                    url,
-                ) from err
-            _check_journal(self.out, previous, record)
+                raise _journal_unreadable(url, err, interface) from err
+            _check_journal(self.out, previous, record, interface)
             self._journal_written = True
             return
         data = json.dumps(record, sort_keys=True).encode()
         self._call(
             lambda: self._fs.pipe_file(self._path(JOURNAL_NAME), data),
             url,
-            "cannot start the build: fix the cause, then run the same command again",
+            f"cannot start the build: fix the cause, then {interface.again()}",
         )
         self._journal_written = True
 
@@ -618,7 +620,7 @@ class RemoteDestination:
         """Shards whose object and index both exist, checked and hashed (downloaded once:
         the manifest needs their sha256); a shard whose index does not describe its object
         is written again."""
-        entries = self._entries("fix the cause, then run the same command with --resume")
+        entries = self._entries(f"fix the cause, then {self._config.interface.again('resume')}")
         compression = self._config.compression
         done = [
             shard
@@ -633,7 +635,7 @@ class RemoteDestination:
     def _reuse(self, shard: int, entries: dict[str, int]) -> ShardRecord | None:
         config, fs = self._config, self._fs
         name, idx = shard_name(shard, config.compression), index_name(shard)
-        advice = "fix the cause, then run the same command with --resume"
+        advice = f"fix the cause, then {config.interface.again('resume')}"
         index_bytes = self._call(
             lambda: fs.cat_file(self._path(idx)), self._object_url(idx), advice
         )
@@ -684,7 +686,8 @@ class RemoteDestination:
         self._call(
             partial(put_shard, self._fs, self._root, self.staging, record),
             self._object_url(record.file),
-            RESUME_ADVICE,
+            "the shards uploaded so far are kept: fix the cause, then "
+            + self._config.interface.again("resume"),
         )
 
     def publish(self, manifest: Manifest) -> None:
@@ -692,7 +695,8 @@ class RemoteDestination:
             while self._uploads.staged:
                 self._uploads.wait(0.25)
             self._uploads.check()
-        advice = "the manifest was not written: run the same command with --resume"
+        again = self._config.interface.again("resume")
+        advice = f"the manifest was not written: {again}"
         entries = self._entries(advice)
         for shard in manifest.shards:
             for name, size in (
@@ -710,14 +714,13 @@ class RemoteDestination:
         self._call(
             lambda: self._fs.pipe_file(self._path(MANIFEST_NAME), data),
             self._object_url(MANIFEST_NAME),
-            "every shard is uploaded and kept: fix the cause, then run the same command with "
-            "--resume to write the manifest",
+            f"every shard is uploaded and kept: fix the cause, then {again} to write the manifest",
         )
         self._call(
             lambda: self._fs.rm_file(self._path(JOURNAL_NAME)),
             self._object_url(JOURNAL_NAME),
             f"the build is complete, but its journal is left: delete {JOURNAL_NAME} "
-            "from OUT, or run the same command with --resume",
+            f"from OUT, or {again}",
         )
         self._journal_written = False
 

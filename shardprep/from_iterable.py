@@ -61,9 +61,10 @@ def build_from_iterable(samples: Iterable[Any], out: str, **options: Any) -> Bui
         raise InputError("build_from_iterable takes samples, not a path: use build(path, ...)")
     config = BuildConfig(**options)  # bad options are refused before a sample is read
     if config.input_format != "auto":
+        given = config.interface.setting("input_format", config.input_format)
         raise InputError(
-            f"--format {config.input_format} names a layout of files; samples given as a "
-            "Python iterable have none: leave input_format out"
+            f"{given} names a layout of files; samples given as a Python iterable have none: "
+            "leave it out"
         )
     _check_engine(config)
     _check_out(out, config)
@@ -101,8 +102,8 @@ def _spill(samples: Iterable[Any], folder: str, config: BuildConfig) -> Spilled:
             spilled = spill_samples(samples, folder, bar.update, reserved)
     except KeyboardInterrupt as err:
         raise BuildInterrupted(
-            "interrupted while the samples were read, before anything was written: run the "
-            "same build again",
+            "interrupted while the samples were read, before anything was written: "
+            + config.interface.again(),
             resumable=False,
         ) from err
     except OSError as err:
@@ -111,7 +112,7 @@ def _spill(samples: Iterable[Any], folder: str, config: BuildConfig) -> Spilled:
         raise OutputError(
             f"{folder}: no room to spill the samples ({err.strerror}); they take their own "
             "size on disk until the build ends: set TMPDIR to a folder on a disk with room "
-            "and run the same build again",
+            f"and {config.interface.again()}",
             folder,
         ) from err
     if not spilled.num_samples:
@@ -122,11 +123,13 @@ def _spill(samples: Iterable[Any], folder: str, config: BuildConfig) -> Spilled:
 def _check_engine(config: BuildConfig) -> None:
     """Ray tasks on other nodes cannot read the spill in this machine's TMPDIR."""
     if config.engine == "ray" and config.cluster_address():
+        interface = config.interface
         raise InputError(
-            "--engine ray on a cluster cannot build from a Python iterable yet: its samples "
-            "are spilled to this machine's TMPDIR, which the other nodes cannot read. Leave "
-            "out ray_address / RAY_ADDRESS to run Ray on this machine, or write the samples "
-            "to files on storage every node reads and build from those"
+            f"{interface.setting('engine', 'ray')} on a cluster cannot build from a Python "
+            "iterable yet: its samples are spilled to this machine's TMPDIR, which the other "
+            f"nodes cannot read. Leave out {interface.option('ray_address')} / RAY_ADDRESS to "
+            "run Ray on this machine, or write the samples to files on storage every node "
+            "reads and build from those"
         )
 
 

@@ -4,13 +4,14 @@ A message that tells the user what to pass names the option the way the user giv
 build started by ``shardprep build`` says ``--shards`` and "run the same command with
 --resume"; one started by ``shardprep.build(...)`` says ``shards=`` and "call shardprep.build
 again with resume=True". Messages are written once, with :meth:`Interface.option`,
-:meth:`Interface.setting` and :meth:`Interface.again`; the build's
+:meth:`Interface.setting`, :meth:`Interface.again` and :meth:`Interface.without`; the build's
 :class:`~shardprep.config.BuildConfig` carries the interface (``PYTHON`` unless the CLI
 passes ``CLI``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 __all__ = ["CLI", "PYTHON", "Interface"]
@@ -39,10 +40,16 @@ class Interface:
 
     def setting(self, field: str, value: object = True) -> str:
         """Option ``field`` given ``value``: ``--resume``, ``--workers 1``; ``resume=True``,
-        ``workers=1``."""
-        if self.cli:
-            return self.option(field) if value is True else f"{self.option(field)} {value}"
-        return f"{field}={value!r}"
+        ``workers=1``. A dict (storage options) is one ``--storage-option 'KEY=JSON'`` a key
+        on the CLI."""
+        if not self.cli:
+            return f"{field}={value!r}"
+        flag = self.option(field)
+        if value is True:
+            return flag
+        if isinstance(value, dict):
+            return " ".join(f"{flag} '{key}={json.dumps(item)}'" for key, item in value.items())
+        return f"{flag} {value}"
 
     def again(self, field: str | None = None, instead: str | None = None) -> str:
         """How to run this build again, with option ``field`` set (a flag: True) in place of
@@ -56,6 +63,13 @@ class Interface:
             return "call shardprep.build again with the same arguments"
         swap = f" (not {self.setting(instead)})" if instead else ""
         return f"call shardprep.build again with the same arguments and {self.setting(field)}{swap}"
+
+    def without(self, field: str) -> str:
+        """How to run this build again without option ``field``: "run without --resume",
+        "call shardprep.build without resume=True"."""
+        if self.cli:
+            return f"run without {self.setting(field)}"
+        return f"call shardprep.build without {self.setting(field)}"
 
 
 CLI = Interface(cli=True)

@@ -23,8 +23,8 @@ included (``KeyboardInterrupt`` is Ctrl-C: the build stops as interrupted), even
 finished are kept, and ``--resume`` (``resume=True``) with the same map name (the function
 fixed in place) finishes the build: the builder ends the message with that advice
 (:func:`shardprep.builder.map_error_advice`), saying how many finished shards are kept.
-A map that ends its process itself (``os._exit``) cannot
-be caught: with ``--workers 1`` the build's own process ends there, exit status and all.
+A map that ends its process itself (``os._exit``) cannot be caught: with one worker
+(``--workers 1``, ``workers=1``) the build's own process ends there, exit status and all.
 
 The manifest records the map as ``"map": "module:qualname"``; ``--resume`` compares that
 name, not the function's code.
@@ -63,14 +63,18 @@ class SampleMap:
     """A map function and its name (``module:qualname``), picklable for spawned workers and Ray.
 
     It pickles by name when the name imports back to the same function, else by value through
-    cloudpickle (a lambda or closure); a function that neither can carry is refused when pickled.
+    cloudpickle (a lambda or closure); a function that neither can carry is refused when pickled,
+    the refusal naming ``--workers 1`` or ``workers=1`` as ``interface`` says.
     """
 
-    __slots__ = ("fn", "name")
+    __slots__ = ("fn", "interface", "name")
 
-    def __init__(self, name: str, fn: Callable[[Sample], Any]) -> None:
+    def __init__(
+        self, name: str, fn: Callable[[Sample], Any], interface: Interface = PYTHON
+    ) -> None:
         self.name = name
         self.fn = fn
+        self.interface = interface
 
     def __call__(self, sample: Sample) -> Any:
         return self.fn(sample)
@@ -89,30 +93,32 @@ class SampleMap:
 
     def __reduce__(self) -> tuple[object, ...]:
         if _importable(self.name, self.fn):
-            return (_by_name, (self.name,))
+            return (_by_name, (self.name, self.interface))
+        one_worker = self.interface.setting("workers", 1)
         pickler = _cloudpickle()
         if pickler is None:
             raise PlanError(
                 f"map {self.name}: a lambda, closure or function defined in __main__ cannot be "
                 "sent to worker processes without cloudpickle (pip install cloudpickle); define "
-                "it at the top level of an importable module, or use --workers 1"
+                f"it at the top level of an importable module, or use {one_worker}"
             )
         try:
             blob = pickler.dumps(self.fn)
         except Exception as err:
             raise PlanError(
                 f"map {self.name}: cannot be sent to worker processes ({err}); define it at the "
-                "top level of an importable module, or use --workers 1"
+                f"top level of an importable module, or use {one_worker}"
             ) from err
-        return (_by_value, (self.name, blob))
+        return (_by_value, (self.name, blob, self.interface))
 
 
-def _by_name(name: str) -> SampleMap:
-    return SampleMap(name, _lookup(name))
+def _by_name(name: str, interface: Interface) -> SampleMap:
+    return SampleMap(name, _lookup(name), interface)
 
 
-def _by_value(name: str, blob: bytes) -> SampleMap:
-    return SampleMap(name, pickle.loads(blob))  # cloudpickle's output loads with pickle
+def _by_value(name: str, blob: bytes, interface: Interface) -> SampleMap:
+    # cloudpickle's output loads with pickle
+    return SampleMap(name, pickle.loads(blob), interface)
 
 
 def _cloudpickle() -> Any:
@@ -178,12 +184,12 @@ def load_map(
             ) from err
         if not callable(fn):
             raise PlanError(f"{given}: {type(fn).__name__} is not callable")
-        return SampleMap(spec, fn)
+        return SampleMap(spec, fn, interface)
     if not callable(spec):
         raise PlanError(f"{interface.setting('map', spec)}: need a callable or 'MODULE:FUNCTION'")
     module = getattr(spec, "__module__", None) or type(spec).__module__
     qualname = getattr(spec, "__qualname__", None) or type(spec).__qualname__
-    return SampleMap(f"{module}:{qualname}", spec)
+    return SampleMap(f"{module}:{qualname}", spec, interface)
 
 
 def apply_map(

@@ -91,20 +91,22 @@ class WriteError(ShardprepError):
 
 
 class StalledError(WriteError):
-    """No shard made progress for ``--stall-timeout`` seconds; the writers were stopped."""
+    """No shard made progress for ``stall_timeout`` seconds; the writers were stopped. The
+    builder adds what to do (:func:`shardprep.builder.stall_advice`: the shards kept, counted,
+    and the option to pass as the caller names it)."""
 
     def __reduce__(self) -> tuple[object, ...]:
         return (StalledError, (str(self), self.shard_index))
 
 
 def stalled(shards: list[int], seconds: float) -> StalledError:
-    """The error for writes of ``shards`` that made no progress for ``seconds``."""
+    """The error for writes of ``shards`` that made no progress for ``seconds``: what
+    happened only (the engine raises it; the builder adds what is kept and what to do)."""
     more = f" (and {len(shards) - 1} more shard(s) being written)" if len(shards) > 1 else ""
     return StalledError(
-        f"shard {shards[0]}{more}: no progress for {seconds:g} s (--stall-timeout), so its "
+        f"shard {shards[0]}{more}: no progress for {seconds:g} s (the stall timeout), so its "
         "writers were stopped: a source or OUT may hang (a network filesystem or an object "
-        "store that stopped answering). The finished shards are kept: fix the cause and run "
-        "the same command with --resume (or raise --stall-timeout for very slow storage)",
+        "store that stopped answering)",
         shards[0],
     )
 

@@ -59,9 +59,10 @@ def test_other_failures_are_not_retried(tmp_path: Path, code: int, size: int, ex
 
 
 def test_unknown_engine_and_a_ray_address_without_ray_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match="--engine must be one of local, ray"):
+    """shardprep.build names keywords; the engine seam itself (no caller to name) its flag."""
+    with pytest.raises(PlanError, match="^engine= must be one of local, ray \\(got 'spark'\\)$"):
         shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, engine="spark")
-    with pytest.raises(PlanError, match="--ray-address needs --engine ray"):
+    with pytest.raises(PlanError, match="^ray_address= needs engine='ray'$"):
         shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, ray_address="x:1")
     with pytest.raises(PlanError, match="--engine must be one of"):
         open_engine(EngineOptions(name="dask"))
@@ -111,9 +112,10 @@ def test_ray_is_refused_for_an_out_in_this_process_only(tmp_path: Path) -> None:
     options = {"shards": 1, "engine": "ray", "ray_address": "127.0.0.1:1", "progress": False}
     with pytest.raises(InputError) as caught:
         shardprep.build(str(raw), "memory://sp-seam/out", **options)
-    assert str(caught.value).startswith(
-        "memory://sp-seam/out: --engine ray cannot build into an OUT that lives in this "
-        "process's memory"
+    assert str(caught.value) == (  # the keywords: this is shardprep.build, not the CLI
+        "memory://sp-seam/out: engine='ray' cannot build into an OUT that lives in this "
+        "process's memory (its tasks run in other processes, which upload into OUT themselves): "
+        "use engine='local', or an object store or a folder as OUT"
     )
     # A folder (one every node shares) passes that check: the build goes on to the cluster.
     with pytest.raises(PlanError, match="--ray-address|needs Ray"):
@@ -191,6 +193,19 @@ def test_a_hung_local_writer_is_killed_after_the_stall_timeout(tmp_path: Path) -
     # Killed, not waited for: the hook would hold the worker for HOLD_LIMIT_S (120 s).
     assert time.monotonic() - started < HOLD_LIMIT_S / 2
     assert caught.value.shard_index == 2
+    # 0, 1 and 3 finished first: a stall is 1.5 s in which no shard progressed
+    assert sorted(p.name for p in out.glob("shard-*.tar")) == [
+        "shard-00000.tar",
+        "shard-00001.tar",
+        "shard-00003.tar",
+    ]
+    assert str(caught.value) == (
+        "shard 2: no progress for 1.5 s (the stall timeout), so its writers were stopped: a "
+        "source or OUT may hang (a network filesystem or an object store that stopped "
+        "answering). The 3 finished shard(s) are kept: fix the cause and call shardprep.build "
+        "again with the same arguments and resume=True (or raise stall_timeout= for very slow "
+        "storage)"
+    )
     assert multiprocessing.active_children() == []  # the held worker was killed, not waited for
     assert (faults / "hold-2").exists()  # ... it never got past the hook
     assert not list(out.glob(".*.partial")) and not (out / "manifest.json").exists()
@@ -225,8 +240,36 @@ def test_the_local_engine_writes_through_the_write_task_it_is_given(
     assert (faults / "deny-1").exists()
 
 
+def test_a_stall_before_any_shard_finished_claims_none_is_kept(tmp_path: Path) -> None:
+    """Was: "The finished shards are kept" when none were."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 30, "b": 20})
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "hold-0").touch()  # both shards' writes wait: none finishes
+    (faults / "hold-1").touch()
+    out = tmp_path / "out"
+    with (
+        faults_in(faults),
+        pytest.raises(StalledError) as caught,
+    ):
+        shardprep.build(str(raw), str(out), shards=2, workers=2, stall_timeout=1.5, progress=False)
+    assert str(caught.value).endswith(
+        "(and 1 more shard(s) being written): no progress for 1.5 s (the stall timeout), so its "
+        "writers were stopped: a source or OUT may hang (a network filesystem or an object store "
+        "that stopped answering). No shard was finished: fix the cause and call shardprep.build "
+        "again with the same arguments and resume=True (or raise stall_timeout= for very slow "
+        "storage)"
+    ), str(caught.value)
+    assert not list(out.glob("shard-*"))
+    (faults / "hold-0").unlink()
+    (faults / "hold-1").unlink()
+    shardprep.build(str(raw), str(out), shards=2, workers=2, resume=True, progress=False)
+    assert (out / "manifest.json").exists()
+
+
 def test_stall_timeout_must_be_positive(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match="--stall-timeout must be positive"):
+    """shardprep.build names the keyword (the CLI, --stall-timeout: click's own range check)."""
+    with pytest.raises(PlanError, match="^stall_timeout= must be positive \\(got 0\\)$"):
         shardprep.build(str(tmp_path), str(tmp_path / "o"), shards=1, stall_timeout=0)
 
 

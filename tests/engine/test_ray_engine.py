@@ -358,7 +358,9 @@ def test_a_hung_task_stops_the_build_after_the_stall_timeout(data: Data, cluster
     hold.touch()
     out = data.base / "folders-stalled"
     try:
-        with pytest.raises(StalledError, match=r"shard 4: no progress for 2 s \(--stall-timeout\)"):
+        with pytest.raises(
+            StalledError, match=r"shard 4: no progress for 2 s \(the stall timeout\)"
+        ):
             shardprep.build(
                 str(data.class_folders),
                 str(out),

@@ -45,10 +45,11 @@ def test_a_file_that_grew_gets_advice_that_works(
     assert f": {grown} changed size ({size} -> {size + 5} bytes) since the scan, and the " in (
         message
     )
-    assert message.endswith(
-        "so --resume would refuse this input: put the file back as it was and run the same "
-        "command with --resume, or rebuild from the current input with --overwrite"
-    )
+    assert message.endswith(  # shardprep.build: its keywords (was: the CLI's flags)
+        "so resume=True would refuse this input: put the file back as it was and call "
+        "shardprep.build again with the same arguments and resume=True, or rebuild from the "
+        "current input with overwrite=True"
+    ), message
     monkeypatch.undo()
     # the advice holds: --resume refuses the changed input ...
     with pytest.raises(InputError, match="used other input or options"):

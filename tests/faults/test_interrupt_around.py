@@ -75,6 +75,14 @@ def test_a_ctrl_c_around_a_resumable_build_says_resume_and_an_old_output_is_left
     result = invoke("build", str(raw), str(out), "-n", "3", "-q", "--overwrite")
     assert result.exit_code == 130
     assert _last_line(result) == (
-        f"interrupted; the finished shards are kept in {out}: run the same command "
+        f"interrupted; the 3 finished shard(s) are kept in {out}: run the same command "
         "with --resume instead of --overwrite to finish the build"
+    )
+    for shard in out.glob("shard-*"):  # was: "the finished shards are kept" with none there
+        shard.unlink()
+    result = invoke("build", str(raw), str(out), "-n", "3", "-q")
+    assert result.exit_code == 130
+    assert _last_line(result) == (
+        f"interrupted; no shard was finished in {out}: run the same command with --resume to "
+        "finish the build"
     )

@@ -135,7 +135,11 @@ def test_weight_member_is_refused_with_weights_only(tmp_path: Path) -> None:
 
 def test_empty_iterable_and_format_are_refused(tmp_path: Path) -> None:
     _refused(iter([]), tmp_path, "the samples iterable yielded no samples")
-    _refused([good(0)], tmp_path, "leave input_format out", input_format="tar")
+    message = (
+        "input_format='tar' names a layout of files; samples given as a Python iterable have "
+        "none: leave it out"
+    )
+    _refused([good(0)], tmp_path, message, input_format="tar")  # the keyword, not --format
 
 
 def _untouched() -> Iterator[dict[str, Any]]:
@@ -147,11 +151,13 @@ def test_refusals_that_need_no_sample_come_before_the_iterable_is_read(tmp_path:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("not ours")
-    with pytest.raises(InputError, match="--overwrite"):
+    with pytest.raises(InputError, match="pass overwrite=True to replace a previous build"):
         shardprep.build(_untouched(), str(out), shards=2, progress=False)
-    with pytest.raises(InputError, match="no interrupted build to resume"):
+    with pytest.raises(InputError, match="resume here; call shardprep.build without resume=True"):
         shardprep.build(_untouched(), str(tmp_path / "none"), shards=2, resume=True)
-    with pytest.raises(InputError, match="cannot build from a Python iterable yet"):
+    with pytest.raises(
+        InputError, match="^engine='ray' on a cluster cannot build from a Python iterable yet"
+    ):
         shardprep.build(
             _untouched(), str(tmp_path / "o"), shards=2, engine="ray", ray_address="ray://h:1"
         )

@@ -15,7 +15,7 @@ import pytest
 
 import shardprep
 from shardprep.example import write_example
-from shardprep.format.errors import PlanError
+from shardprep.format.errors import BuildInterrupted, PlanError
 from shardprep.format.shardformat import decode_index
 from tests.integration import map_functions
 from tests.processes import run_bounded
@@ -41,6 +41,17 @@ def broken_everywhere(sample: dict[str, Any]) -> dict[str, Any]:
     """Fails on every sample while BROKEN_ENV is set ("fixed" when it is not)."""
     if os.environ.get(BROKEN_ENV):
         raise ValueError("not yet")
+    return sample
+
+
+INTERRUPT_ENV = "SHARDPREP_TEST_MAP_CTRL_C_KEY"  # ctrl_c_at raises Ctrl-C on this sample
+
+
+def ctrl_c_at(sample: dict[str, Any]) -> dict[str, Any]:
+    """A Ctrl-C as the sample with key INTERRUPT_ENV is written (with one worker: in the build's
+    own process, exactly as a SIGINT landing there)."""
+    if sample["__key__"] == os.environ.get(INTERRUPT_ENV):
+        raise KeyboardInterrupt
     return sample
 
 
@@ -220,3 +231,26 @@ def test_python_errors_name_keywords_and_cli_errors_name_flags(
         assert result.returncode == 2, result.stderr
         assert f"Error: {message}" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("shard", [0, FAILING_SHARD])
+def test_a_ctrl_c_while_writing_counts_the_kept_shards(
+    raw: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shard: int
+) -> None:
+    """Was: "the finished shards are kept" also when none were. Shards are written in order
+    (one worker): a Ctrl-C at the first sample of ``shard`` leaves exactly ``shard`` of them."""
+    key = decode_index((reference / f"shard-{shard:05d}.idx").read_bytes()).key(0)
+    monkeypatch.setenv(INTERRUPT_ENV, key)
+    out = tmp_path / "out"
+    options: dict[str, Any] = {"shards": SHARDS, "workers": 1, "progress": False}
+    with pytest.raises(BuildInterrupted) as info:
+        shardprep.build(str(raw), str(out), map=f"{HERE}:ctrl_c_at", **options)
+    kept = f"the {shard} finished shard(s) are kept" if shard else "no shard was finished"
+    assert str(info.value) == (
+        f"interrupted; {kept} in {out}: call shardprep.build again with the same arguments and "
+        "resume=True to finish the build"
+    )
+    assert len(list(out.glob("shard-*.tar"))) == shard
+    monkeypatch.delenv(INTERRUPT_ENV)
+    summary = shardprep.build(str(raw), str(out), map=f"{HERE}:ctrl_c_at", resume=True, **options)
+    assert summary.reused_shards == shard and summary.num_shards == SHARDS

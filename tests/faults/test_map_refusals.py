@@ -8,18 +8,22 @@ refused. The message ends with what to do, saying how many finished shards are k
 
 from __future__ import annotations
 
+import pickle
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import shardprep
 from shardprep.example import write_example
-from shardprep.format.errors import InputError
+from shardprep.format.errors import InputError, PlanError
 from shardprep.format.manifest import JOURNAL_NAME
 from shardprep.format.shardformat import decode_index
-from shardprep.transform import MapError
+from shardprep.interface import CLI, PYTHON, Interface
+from shardprep.transform import MapError, load_map
 from tests.integration import map_functions
 
 SHARDS = 8
@@ -146,3 +150,28 @@ def test_an_oserror_from_the_map_is_a_map_error_not_an_input_problem(
     with pytest.raises(MapError, match=rf"map {spec} on sample .* raised UnidentifiedImageError"):
         shardprep.build(str(raw), str(out), shards=SHARDS, workers=1, map=spec, progress=False)
     _assert_stopped_cleanly(out)
+
+
+@pytest.mark.parametrize(("interface", "one_worker"), [(PYTHON, "workers=1"), (CLI, "--workers 1")])
+def test_a_map_that_cannot_be_sent_to_workers_names_one_worker_as_the_caller_gives_it(
+    interface: Interface, one_worker: str
+) -> None:
+    """Was: "or use --workers 1" for shardprep.build(..., map=fn) too. Spawned workers and Ray
+    tasks get the map pickled; a closure over a lock cannot be (cloudpickle refuses it)."""
+    lock = threading.Lock()
+
+    def holds_a_lock(sample: dict[str, Any]) -> dict[str, Any]:
+        with lock:
+            return sample
+
+    sample_map = load_map(holds_a_lock, interface)
+    assert sample_map is not None
+    with pytest.raises(PlanError) as info:
+        pickle.dumps(sample_map)
+    name = f"{__name__}:{holds_a_lock.__qualname__}"
+    assert str(info.value).startswith(f"map {name}: cannot be sent to worker processes ("), info
+    assert str(info.value).endswith(
+        f"); define it at the top level of an importable module, or use {one_worker}"
+    ), str(info.value)
+    named = pickle.loads(pickle.dumps(load_map(HALF, interface)))  # the wording travels along
+    assert named.interface == interface

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+import shardprep
 from shardprep.cli import cli
 from shardprep.example import class_sizes
+from shardprep.format.errors import InputError
+from shardprep.format.manifest import JOURNAL_NAME
 from tests.processes import run_bounded
 
 
@@ -355,8 +358,85 @@ def test_two_ctrl_c_at_once_end_in_the_interrupted_advice(raw: Path, tmp_path: P
         process.wait(timeout=30)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "Aborted!" not in stderr, stderr
+    kept = len(list(out.glob("shard-*.tar")))  # counted in the message (was: "the finished")
+    finished = f"the {kept} finished shard(s) are kept" if kept else "no shard was finished"
     assert stderr.strip().splitlines()[-1] in (
-        f"interrupted; the finished shards are kept in {out}: run the same command with "
-        "--resume to finish the build",
+        f"interrupted; {finished} in {out}: run the same command with --resume to finish the build",
         f"interrupted after the build finished: {out} is complete",
     ), stderr
+
+
+def test_out_refusals_name_keywords_from_python_and_flags_from_the_cli(
+    raw: Path, tmp_path: Path
+) -> None:
+    """Was: "pass --overwrite", "run without --resume" and "start over with --overwrite" for
+    shardprep.build(...) too."""
+    out, absent = tmp_path / "out", tmp_path / "absent"
+    out.mkdir()
+    (out / "notes.txt").write_text("not a build")
+    refusals = [  # (OUT, options, the message from Python, the message from the CLI)
+        (
+            out,
+            {},
+            "pass overwrite=True to replace a previous build, resume=True to finish",
+            "pass --overwrite to replace a previous build, --resume to finish",
+        ),
+        (
+            absent,
+            {"resume": True},
+            f"{absent}: no interrupted build to resume here; call shardprep.build without "
+            "resume=True",
+            f"{absent}: no interrupted build to resume here; run without --resume",
+        ),
+    ]
+    for where, options, python, cli_words in refusals:
+        with pytest.raises(InputError) as info:
+            shardprep.build(str(raw), str(where), shards=2, progress=False, **options)
+        assert python in str(info.value), str(info.value)
+        flags = ["--resume"] if options else []
+        result = _invoke("build", str(raw), str(where), "-n", "2", "-q", *flags)
+        assert result.exit_code == 1
+        assert cli_words in result.stderr.strip().splitlines()[-1], result.stderr
+    (out / JOURNAL_NAME).write_text("{}")  # an interrupted build of other input or options
+    with pytest.raises(InputError) as info:
+        shardprep.build(str(raw), str(out), shards=2, progress=False, resume=True)
+    assert str(info.value).endswith("start over with overwrite=True"), str(info.value)
+    result = _invoke("build", str(raw), str(out), "-n", "2", "-q", "--resume")
+    assert result.stderr.strip().endswith("start over with --overwrite"), result.stderr
+    assert not absent.exists() and sorted(os.listdir(out)) == sorted([JOURNAL_NAME, "notes.txt"])
+
+
+# A real SIGINT raised in the process (the kernel delivers it; Python's own handler turns it
+# into KeyboardInterrupt at the next instruction) as click reads the command line: argv[1] is
+# the command whose arguments are being read ("shardprep" for the group's own).
+CTRL_C_WHILE_PARSING = """
+import signal, sys, click
+from shardprep.cli import main
+parse_args = click.Command.parse_args
+def interrupted(self, ctx, args):
+    if ctx.info_name == sys.argv[1]:
+        signal.raise_signal(signal.SIGINT)
+    return parse_args(self, ctx, args)
+click.Command.parse_args = interrupted
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize(
+    ("parsing", "message"),
+    [
+        ("build", "interrupted before the build began; nothing was written"),
+        ("shardprep", "interrupted before the command began; nothing was written"),
+    ],
+)
+def test_a_ctrl_c_while_the_command_line_is_read_exits_130_with_one_line(
+    raw: Path, tmp_path: Path, parsing: str, message: str
+) -> None:
+    """Was: click's "Aborted!" and exit status 1."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", CTRL_C_WHILE_PARSING, parsing]
+    result = run_bounded([*command, "build", str(raw), str(out), "-n", "2"], timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == f"{message}\n"
+    assert result.stdout == ""
+    assert not out.exists()

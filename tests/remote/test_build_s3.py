@@ -281,8 +281,8 @@ def _stop_mid_upload_then_resume(
     if sig == signal.SIGINT:
         assert process.returncode == 130, stderr
         assert stderr.strip().splitlines()[-1] == (
-            f"interrupted; the finished shards are kept in {url}: run the same command "
-            "with --resume to finish the build"
+            f"interrupted; the shards whose upload had finished are kept in {url}: run the "
+            "same command with --resume to finish the build"  # (uploads stop with the build)
         )
     names = set(_objects_names(fs, f"{bucket}/out"))
     assert "manifest.json" not in names  # a reader never sees a manifest of an unfinished build
