@@ -127,7 +127,12 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             selection = select_samples(inventory, config)
             # → Plan: per shard, the selected samples in write order (one file per shard)
             plan = plan_to_files(
-                inventory, selection, config.shards, config.seed, os.path.join(work, "plan")
+                inventory,
+                selection,
+                config.shards,
+                config.seed,
+                os.path.join(work, "plan"),
+                shards_option=config.interface.option("shards"),
             )
             progress.num_shards = len(plan)
         fingerprint = _fingerprint(inventory, config, selection)

@@ -95,16 +95,19 @@ def plan_to_files(
     seed: int,
     folder: str,
     limits: PlanLimits | None = None,
+    shards_option: str = "--shards",
 ) -> PlannedShards:
     """Plan ``selection`` of ``inventory`` into ``num_shards`` shards, saved under ``folder``.
 
     Same result as ``plan_shards(labels, sizes, num_shards, seed, groups=sources)``
-    of the selected samples.
+    of the selected samples. ``shards_option``: how the refusal names the option (the build's
+    :class:`~shardprep.interface.Interface` gives ``--shards`` or ``shards=``).
 
     Raises:
         PlanError: ``num_shards`` is not between 1 and the number of samples.
     """
-    return plan_input_to_files(PlanInput(inventory, selection), num_shards, seed, folder, limits)
+    data = PlanInput(inventory, selection)
+    return plan_input_to_files(data, num_shards, seed, folder, limits, shards_option)
 
 
 def plan_input_to_files(
@@ -113,6 +116,7 @@ def plan_input_to_files(
     seed: int,
     folder: str,
     limits: PlanLimits | None = None,
+    shards_option: str = "--shards",
 ) -> PlannedShards:
     """:func:`plan_to_files` for any :class:`PlanInput` (tests give labels and sizes directly)."""
     limits = limits or PlanLimits()
@@ -121,7 +125,7 @@ def plan_input_to_files(
     if num_shards < 1 or num_shards > n:
         raise PlanError(
             f"cannot make {num_shards} shard(s) from {n} sample(s): "
-            f"choose --shards between 1 and {n}"
+            f"choose {shards_option} between 1 and {n}"
         )
     os.makedirs(folder, exist_ok=True)
     rng = derive_rng(seed, "plan")

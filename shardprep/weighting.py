@@ -32,6 +32,7 @@ from shardprep.config import BuildConfig
 from shardprep.format.classweights import apportion, parse_class_weights
 from shardprep.format.errors import DuplicateKeyError, PlanError
 from shardprep.format.rng import derive_rng
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import Inventory, InventoryView, SampleRef
 
 __all__ = ["Selection", "apportion", "class_targets", "parse_class_weights", "select_samples"]
@@ -118,9 +119,13 @@ class Selection:
 
 
 def class_targets(
-    counts: list[int], weights: FloatArray, total: int | None, keep_all: bool
+    counts: list[int],
+    weights: FloatArray,
+    total: int | None,
+    keep_all: bool,
+    interface: Interface = CLI,
 ) -> IntArray:
-    """Samples per class after resampling.
+    """Samples per class after resampling (``interface``: how refusals name the options).
 
     Raises:
         PlanError: ``keep_all`` with a zero weight on a non-empty class, or a
@@ -130,12 +135,18 @@ def class_targets(
     if not keep_all:
         return apportion(total if total is not None else int(n.sum()), weights)
     if ((weights == 0) & (n > 0)).any():
-        raise PlanError("--keep-all cannot give a class weight 0: its samples would be dropped")
+        raise PlanError(
+            f"{interface.option('keep_all')} cannot give a class weight 0: its samples would be "
+            "dropped"
+        )
     needed = max(math.ceil(c / w) for c, w in zip(n, weights, strict=True) if w > 0)
     while (apportion(needed, weights) < n).any():
         needed += 1
     if total is not None and total < needed:
-        raise PlanError(f"--keep-all needs --num-samples of at least {needed} for these weights")
+        raise PlanError(
+            f"{interface.option('keep_all')} needs {interface.option('num_samples')} of at least "
+            f"{needed} for these weights"
+        )
     return apportion(total if total is not None else needed, weights)
 
 
@@ -152,7 +163,10 @@ def select_samples(inventory: InventoryView, config: BuildConfig) -> Selection:
     if config.class_weights is None:
         return Selection.every(n)
     if inventory.class_names is None:
-        raise PlanError("--class-weights needs labelled data, but this input has no labels")
+        raise PlanError(
+            f"{config.interface.option('class_weights')} needs labelled data, but this input "
+            "has no labels"
+        )
     counts = inventory.class_counts()
     labels = inventory.column("label")
     weights = parse_class_weights(
@@ -177,7 +191,7 @@ def select_samples(inventory: InventoryView, config: BuildConfig) -> Selection:
             weight=per_class[labels],
             section=section,
         )
-    targets = class_targets(counts, weights, config.num_samples, config.keep_all)
+    targets = class_targets(counts, weights, config.num_samples, config.keep_all, config.interface)
     rng = derive_rng(config.seed, "weights")
     sources, copies, multiplicities = [], [], []
     for c, target in enumerate(targets.tolist()):

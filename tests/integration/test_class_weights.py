@@ -215,6 +215,8 @@ def test_keep_all_with_a_total_too_small_is_a_usage_error(raw: Path, tmp_path: P
     )  # fmt: skip
     assert result.exit_code == 2
     assert "--keep-all needs --num-samples of at least 120" in result.output
+    with pytest.raises(PlanError, match="^keep_all= needs num_samples= of at least 120 "):
+        _build(raw, tmp_path / "api", class_weights="balanced", keep_all=True, num_samples=119)
     out = _build(raw, tmp_path / "ok", class_weights="balanced", keep_all=True, num_samples=150)
     assert read_manifest(str(out)).extra["class_weighting"]["realized_counts"] == [50, 50, 50]
 
@@ -381,7 +383,7 @@ def test_class_weights_on_unlabelled_data_is_a_usage_error(tmp_path: Path) -> No
     )  # fmt: skip
     assert result.exit_code == 2
     assert "--class-weights needs labelled data" in result.output
-    with pytest.raises(PlanError, match="needs labelled data"):
+    with pytest.raises(PlanError, match="^class_weights= needs labelled data"):
         _build(raw, tmp_path / "api", shards=2, input_format="keyed", class_weights="balanced")
 
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 import shardprep
 from shardprep.cli import cli
 from shardprep.example import class_sizes
-from shardprep.format.errors import InputError
+from shardprep.format.errors import InputError, PlanError
 from shardprep.format.manifest import JOURNAL_NAME
 from tests.processes import run_bounded
 
@@ -440,3 +440,16 @@ def test_a_ctrl_c_while_the_command_line_is_read_exits_130_with_one_line(
     assert result.stderr == f"{message}\n"
     assert result.stdout == ""
     assert not out.exists()
+
+
+def test_too_many_shards_names_the_keyword_from_python(raw: Path, tmp_path: Path) -> None:
+    """Was: "choose --shards between 1 and 16" for shardprep.build(...) too."""
+    with pytest.raises(PlanError) as info:
+        shardprep.build(str(raw), str(tmp_path / "out"), shards=17, progress=False)
+    assert (
+        str(info.value)
+        == "cannot make 17 shard(s) from 16 sample(s): choose shards= between 1 and 16"
+    )
+    result = _invoke("build", str(raw), str(tmp_path / "out"), "-n", "17", "-q")
+    assert result.exit_code == 2
+    assert "choose --shards between 1 and 16" in result.output
