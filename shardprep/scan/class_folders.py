@@ -124,10 +124,13 @@ def _merge(
 
 
 def _scan_class(
-    job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool],
+    job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None]
+    | tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool],
 ) -> tuple[InventorySink, Problems]:
-    """Scan one class folder into its own part (runs in a worker process when parallel)."""
-    root, label, name, part_sink, options, strict = job
+    """Scan one class folder into its own part (runs in a worker process when parallel);
+    ``job``: (root, label, folder name, part sink, storage options[, strict])."""
+    root, label, name, part_sink, options = job[:5]
+    strict = len(job) > 5 and bool(job[5])
     builder = part_sink(root, False)
     problems = Problems()
     _scan_class_into((root, label, name), builder, problems, options, strict)
