@@ -111,9 +111,7 @@ def test_hive_partitions_are_the_label_column_like_one_flat_file(tmp_path: Path)
     a = shardprep.build(
         str(hive), str(tmp_path / "a"), shards=3, label_column="label", progress=False
     )
-    shardprep.build(
-        str(flat), str(tmp_path / "b"), shards=3, label_column="label", progress=False
-    )
+    shardprep.build(str(flat), str(tmp_path / "b"), shards=3, label_column="label", progress=False)
     assert (a.layout, a.layout_detected, a.num_samples) == ("parquet", True, 14)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     classes = [(c["index"], c["name"], c["count"]) for c in manifest["classes"]]
