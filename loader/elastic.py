@@ -42,6 +42,7 @@ from loader.shuffle import Sizes, plan_windows, window_order
 __all__ = [
     "Pass",
     "batches_consumed",
+    "epoch_batches",
     "merge_ranges",
     "pass_rest",
     "pass_share",
@@ -67,6 +68,15 @@ def pass_share(size: int, world_size: int, uneven: Uneven | str) -> int:
     if Uneven(uneven) is Uneven.PAD:
         return -(-size // world_size)
     return size // world_size
+
+
+def epoch_batches(history: Sequence[Pass], pass_batches: int) -> int:
+    """Batches a rank takes in an epoch: its earlier passes' (``history``), then ``pass_batches``.
+
+    What a trainer that counts an epoch's batches across restarts (Lightning's
+    progress, restored from its checkpoint) has reached when the epoch ends.
+    """
+    return sum(p.batches for p in history) + pass_batches
 
 
 def batches_consumed(

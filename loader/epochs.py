@@ -138,6 +138,19 @@ class SharedProgress:
         world_size = int(self._field("resume_world")[0])
         return ResumePoint(head[0], head[1], head[2], world_size, history)
 
+    def pending_resume(self) -> ResumePoint | None:
+        """The pending resume point if its epoch is next or streaming (the next epoch its successor).
+
+        Kept until another epoch's pass starts or ``set_epoch`` names another
+        epoch: ``len()`` describes the resumed epoch that long.
+        """
+        upcoming = self.next_epoch()
+        for epoch in (upcoming, upcoming - 1):
+            point = self.resume_for(epoch) if epoch >= 0 else None
+            if point is not None:
+                return point
+        return None
+
     def report_restored(self, worker: int, epoch: int, restored: Restored) -> None:
         """DataLoader worker ``worker`` restored a position of ``epoch`` from a torchdata state."""
         self._field("restored_epoch")[worker] = epoch + 1

@@ -12,7 +12,10 @@ or more nodes, with the same ``num_workers``): each worker reports what it
 restored to the others (``loader.epochs.SharedProgress``), and at the first
 ``next()`` the workers add up what the rank had consumed and stream the rest
 of the epoch re-split over the new world (``loader.elastic``), in the order
-torchdata will ask them.
+torchdata will ask them. Such an epoch usually takes another number of batches
+than a normal one, which ``len()`` (read by Lightning before it loads the
+state) can only know from ``ShardDataset.resume(state)``: without it, the
+restore is refused at the first item.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ class EpochStream:
                     Pass(saved_world, point.num_workers, point.batches),
                 )
         self._items: Iterator[Any] | None = None
-        self._restored: Restored | None = None  # a torchdata state to settle at the first item
+        # a torchdata state (its epoch, what this worker restored) to settle at the first item
+        self._restored: tuple[int, Restored] | None = None
         # state_dict() runs on every batch: the options part is computed once
         self._options = self._stream.options_fingerprint(world.world_size, world.num_workers)
 
@@ -79,7 +83,7 @@ class EpochStream:
 
     def __next__(self) -> Any:
         if self._restored is not None:
-            self._settle_restore(self._restored)
+            self._settle_restore(*self._restored)
             self._restored = None
         if self._items is None:
             slot_world = World(
@@ -129,25 +133,27 @@ class EpochStream:
                 "pass the StatefulDataLoader state to ShardDataset.resume(state) instead, and "
                 "iterate a new StatefulDataLoader without load_state_dict",
             )
-        if self._explicit and saved.epoch != self._epoch:
-            return
         slot, yielded = int(saved.slot or 0), int(saved.yielded or 0)
         if slot >= self._world.num_workers:
             raise IncompatibleStateError.field_differs("slot", slot, f"< {self._world.num_workers}")
-        self._epoch, self._history = saved.epoch, saved.history
-        self._layer.progress.continue_after(self._counter, self._epoch)
         per_slot = self._stream.items_per_slot(
-            saved.world_size, self._world.num_workers, self._history, self._epoch
+            saved.world_size, self._world.num_workers, saved.history, saved.epoch
         )
         if yielded > per_slot[slot]:
             raise IncompatibleStateError.field_differs("yielded", yielded, f"<= {per_slot[slot]}")
-        self._slot, self._yielded = slot, yielded
         restored = Restored(slot, yielded, yielded >= per_slot[slot], saved.world_size)
-        self._layer.progress.report_restored(self._world.worker, self._epoch, restored)
-        if restored.at_end or saved.world_size != self._world.world_size:
-            self._restored = restored
+        self._layer.progress.report_restored(self._world.worker, saved.epoch, restored)
+        if self._explicit and saved.epoch != self._epoch:
+            # set_epoch's epoch wins, from its first item, in the rotation torchdata resumes
+            self._restored = (saved.epoch, restored)
+            return
+        self._epoch, self._history = saved.epoch, saved.history
+        self._layer.progress.continue_after(self._counter, self._epoch)
+        self._slot, self._yielded = slot, yielded
+        if restored.at_end or saved.world_size != self._world.world_size or self._history:
+            self._restored = (saved.epoch, restored)
 
-    def _settle_restore(self, mine: Restored) -> None:
+    def _settle_restore(self, saved_epoch: int, mine: Restored) -> None:
         """At the first item after a restore: what the rank had consumed decides where to go on.
 
         Every worker's report is read (torchdata restores them all before it
@@ -157,6 +163,8 @@ class EpochStream:
         ``d`` plays slot ``(d - last - 1) % K`` of what comes next and the
         items still arrive in order 0, 1, 2, ...:
 
+        * if ``set_epoch`` chose another epoch than the state's, that epoch
+          from its first item;
         * at the same world size, if every slot was at its end (Lightning
           saves on an epoch's last batch and never asks past ``len()``), the
           next epoch; otherwise nothing changes;
@@ -164,17 +172,23 @@ class EpochStream:
           world (one more pass in ``history``), or the next epoch if the
           pass was complete.
 
+        A restored epoch that takes another number of batches than ``len()``
+        had said before the state was loaded is refused (``_check_length``).
+
         Without a batch size the DataLoader's batching is unknown here and
         worker ``d`` plays slot ``d``: the same samples, possibly
         interleaved differently.
         """
         num_workers = self._world.num_workers
-        reports = self._layer.progress.restored(self._epoch, num_workers)
+        reports = self._layer.progress.restored(saved_epoch, num_workers)
         consumed = sum(r.yielded for r in reports)
-        if mine.world_size == self._world.world_size:
+        history: tuple[Pass, ...] = ()
+        if saved_epoch != self._epoch:  # set_epoch's epoch, from its start
+            epoch = self._epoch
+        elif mine.world_size == self._world.world_size:
             if not all(r.at_end for r in reports):
+                self._check_length(self._history, mine.world_size, consumed)  # the pass goes on
                 return  # other slots still have items of this epoch
-            history: tuple[Pass, ...] = ()
             epoch = self._epoch + 1
         else:
             history = (*self._history, Pass(mine.world_size, num_workers, consumed))
@@ -188,6 +202,8 @@ class EpochStream:
             epoch = self._epoch
             if consumed >= length:  # the pass, hence the epoch, was complete
                 history, epoch = (), self._epoch + 1
+            else:
+                self._check_length(history, mine.world_size, consumed)
         slot = self._world.worker
         if self._stream.batch_size is not None and consumed:
             slots = [r.slot for r in reports]
@@ -195,3 +211,43 @@ class EpochStream:
             slot = (self._world.worker - last_worker - 1) % num_workers
         self._epoch, self._slot, self._yielded, self._history = epoch, slot, 0, history
         self._layer.progress.continue_after(self._counter, self._epoch)
+
+    def _check_length(self, history: tuple[Pass, ...], saved_world: int, consumed: int) -> None:
+        """Refuse a restored epoch of another length than ``len()`` can know of.
+
+        ``history`` are the passes before the one this world streams now
+        (none: a normal epoch). torchdata restores the state in the workers,
+        after a trainer has read ``len()`` (Lightning reads it once per fit,
+        before it loads the state, and ends every epoch at it): an epoch that
+        takes another number of batches than a normal one would then be cut
+        (the rest of it skipped) or end before the trainer's count (its
+        end-of-epoch validation skipped), without a word. ``resume(state)``
+        with the same state tells ``len()`` (a pending resume of this epoch).
+
+        Raises:
+            IncompatibleStateError: the restored epoch takes another number of
+                batches than a normal one, and ``resume`` was not given it.
+        """
+        if not history or self._layer.progress.resume_for(self._epoch) is not None:
+            return
+        world = self._world
+        needed = self._layer.epoch_length(self._epoch, history, world.world_size, world.num_workers)
+        normal = self._stream.batches_per_rank(world.world_size)
+        if needed == normal:
+            return
+        done = sum(p.batches for p in self._history) + consumed
+        raise IncompatibleStateError(
+            f"cannot resume epoch {self._epoch} at {world.world_size} ranks from this "
+            f"StatefulDataLoader state through load_state_dict alone: it was saved at "
+            f"{saved_world} ranks after {done} batches of the epoch, and the rest takes "
+            f"{needed - done} more batches per rank here, {needed} in the epoch where a normal "
+            f"epoch takes {normal}, which len() cannot know (the workers restore the state, "
+            "after a trainer has read len(): Lightning would end the epoch after "
+            f"{normal} batches, not where its data ends). Pass the same state to "
+            "ds.resume(state) too, before len() is asked and the loader iterated (with "
+            "Lightning: in train_dataloader(), the loader state kept by on_load_checkpoint; "
+            "see docs/integrations.md)",
+            field="world_size",
+            saved=saved_world,
+            current=world.world_size,
+        )

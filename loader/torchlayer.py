@@ -20,7 +20,7 @@ import numpy.random  # noqa: F401
 import torch.utils.data
 
 from loader.batch import POSITION
-from loader.elastic import Pass
+from loader.elastic import Pass, epoch_batches
 from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.forkheap import freeze_inherited
@@ -82,6 +82,7 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         self._rank_override = (rank, world_size)
         self._inherited_rank: tuple[int, int] | None = None
         self.progress = SharedProgress()
+        self._lengths: dict[tuple[ResumePoint, int], int] = {}  # resumed epochs' len()
 
     @property
     def batch_size(self) -> int | None:
@@ -125,9 +126,26 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
     def __len__(self) -> int:
         """Batches every rank yields per epoch (needs ``batch_size``).
 
+        An epoch resumed at another world (``resume`` of a state saved at
+        another world size, or during a pass that began at one) usually takes
+        another number of batches than a normal epoch: those its earlier
+        passes took plus those of the pass at this world (``epoch_length``).
+        No single number then holds for every epoch, and a trainer that reads
+        ``len()`` once and counts every epoch to it (Lightning) would skip
+        batches of one epoch or end another before its count. So there is no
+        ``len()`` (``TypeError``, which Lightning takes for an unsized loader:
+        it then ends each epoch where its data ends) from ``resume`` until a
+        later epoch's pass starts or ``set_epoch`` names another epoch. A
+        torchdata state loaded into the DataLoader alone cannot reach
+        ``len()`` (its workers restore it); one whose epoch would take another
+        number of batches than a normal epoch is refused unless ``resume`` was
+        given it too (``EpochStream``).
+
         Raises:
-            TypeError: no ``batch_size``: the number of batches is the
-                DataLoader's, which cannot count it exactly with several workers.
+            TypeError: no ``batch_size`` (the number of batches is the
+                DataLoader's, which cannot count it exactly with several
+                workers), or an epoch resumed at another world whose batches
+                differ from a normal epoch's.
         """
         if self.batch_size is None:
             raise TypeError(
@@ -136,7 +154,48 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
                 "ShardDataset(..., batch_size=B) with DataLoader(ds, batch_size=None), or "
                 "ds.num_samples for the per-rank sample count"
             )
-        return self.stream.batches_per_rank(self.world_size)
+        world_size = self.world_size
+        length = self.stream.batches_per_rank(world_size)
+        point = self.progress.pending_resume()
+        resumed = length if point is None else self._resumed_length(point, world_size)
+        if point is not None and resumed != length:
+            raise TypeError(
+                f"ShardDataset has no len() in the epoch it resumes at another world: epoch "
+                f"{point.epoch} resumed at {world_size} ranks takes {resumed} batches per rank "
+                f"(those before the restart included), a normal epoch {length}, and a trainer "
+                "that counts every epoch to one len() (Lightning reads it once per fit) would "
+                "cut one of them short or end it before its count. Without len(), Lightning ends "
+                "each epoch where its data ends. len() is back once the next epoch's pass has "
+                "started (or after set_epoch of another epoch)"
+            )
+        return length
+
+    def epoch_length(
+        self, epoch: int, history: Sequence[Pass], world_size: int, num_workers: int
+    ) -> int:
+        """Batches a rank takes in ``epoch`` after its earlier passes ``history``, ending at this world.
+
+        The earlier passes' batches plus those of the pass ``world_size`` x
+        ``num_workers`` streams over what they left: where a trainer that
+        counts the epoch's batches across restarts (Lightning) ends it.
+        """
+        pass_batches = sum(self.stream.items_per_slot(world_size, num_workers, history, epoch))
+        return epoch_batches(history, pass_batches)
+
+    def _resumed_length(self, point: ResumePoint, world_size: int) -> int:
+        """``epoch_length`` of the epoch ``point`` resumes, at ``world_size`` (memoized)."""
+        saved_world = point.world_size or world_size
+        if saved_world == world_size and not point.history:
+            return self.stream.batches_per_rank(world_size)  # a normal epoch
+        key = (point, world_size)
+        if key not in self._lengths:
+            if saved_world == world_size:  # the same pass goes on
+                history, workers = point.history, point.num_workers
+            else:  # a new pass; its batches per rank do not depend on num_workers
+                saved = Pass(saved_world, point.num_workers, point.batches)
+                history, workers = (*point.history, saved), 1
+            self._lengths[key] = self.epoch_length(point.epoch, history, world_size, workers)
+        return self._lengths[key]
 
     # --- iteration ----------------------------------------------------------------
 
@@ -171,7 +230,11 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         the small JSON-able dict with the checkpoint (it is the same on every
         rank) and pass it to :meth:`resume`, at the same or another world size
         and ``num_workers`` (elastic resume). With torchdata's
-        ``StatefulDataLoader`` use its ``state_dict()`` instead (same world only).
+        ``StatefulDataLoader`` use its ``state_dict()`` instead: restored by
+        ``load_state_dict`` at the same ``num_workers`` only (torchdata asserts
+        it), at any world size (given to :meth:`resume` too where the resumed
+        epoch's length differs, see ``__len__``), or by :meth:`resume` with a
+        fresh loader at any ``num_workers``.
 
         The state holds the options that fix the order (including the world
         size and ``num_workers`` it was saved at), ``epoch``, ``batches`` (the
@@ -230,9 +293,11 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         The world may differ from the one the state was saved at (another
         world size, another ``num_workers``): the samples of the epoch not yet
         consumed are then re-split over the new world (``loader.elastic``), and
-        the next epochs are the new world's normal ones. Every rank must call
+        the next epochs are the new world's normal ones; ``len()`` may be
+        absent in the resumed epoch (see ``__len__``). Every rank must call
         ``resume`` with the same state (``state_after`` gives the same on all;
-        a StatefulDataLoader's state is the same on all ranks of a DDP job).
+        a StatefulDataLoader's state holds the same positions on all ranks of
+        a DDP job, so rank 0's serves all).
 
         Raises:
             IncompatibleStateError: the state is from another build, seed,

@@ -68,12 +68,13 @@ def stateful_pass(
 ) -> dict[str, Any]:
     """Epoch 0 through torchdata's StatefulDataLoader until ``stop`` batches (its state_dict() is
     the result's state), or the rest of it from a saved ``state``: ``how="load"`` through the
-    loader's ``load_state_dict`` (Lightning's way), ``"resume"`` through ``ds.resume(state)``."""
+    loader's ``load_state_dict`` (Lightning's way; ``ds.resume(state)`` is given it too, so that
+    ``len()`` knows the resumed epoch), ``"resume"`` through ``ds.resume(state)`` alone."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     ds = ShardDataset(out, **OPTIONS)
-    if state is not None and how == "resume":
-        ds.resume(state)
+    if state is not None:
+        ds.resume(state)  # "load" too: so that len() knows the epoch (docs/loader.md, Elastic)
     context = "forkserver" if workers else None
     loader = StatefulDataLoader(
         ds, batch_size=None, num_workers=workers, multiprocessing_context=context

@@ -137,8 +137,9 @@ def test_a_torchdata_state_resumes_at_another_world_size_through_load_state_dict
     built: Path, old: tuple[int, int], new: tuple[int, int]
 ) -> None:
     """A StatefulDataLoader state (as Lightning checkpoints it) loaded by a StatefulDataLoader at
-    another world size with the same num_workers: the rest of the epoch, once each, in batch order,
-    the same as ds.resume(state_after) gives; then the new world's normal epoch 1."""
+    another world size with the same num_workers, and given to ds.resume() too (so that len()
+    knows the resumed epoch): the rest of the epoch, once each, in batch order, the same as
+    ds.resume(state_after) gives; then the new world's normal epoch 1."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     stop = 5
@@ -147,6 +148,7 @@ def test_a_torchdata_state_resumes_at_another_world_size_through_load_state_dict
     expected, _ = _resumed(built, *new, reference_state, "drop")
     for rank in range(new[0]):
         ds = ShardDataset(str(built), rank=rank, world_size=new[0], **OPTIONS)
+        ds.resume(states[0])
         loader = StatefulDataLoader(ds, batch_size=None, num_workers=new[1])
         loader.load_state_dict(states[0])  # every rank loads rank 0's state (Lightning's)
         batches = list(loader)
@@ -178,3 +180,55 @@ def test_a_torchdata_state_at_another_num_workers_goes_through_resume(built: Pat
     worker_state = states[0]["_snapshot"]["_worker_snapshots"]["worker_0"]["fetcher_state"]
     with pytest.raises(IncompatibleStateError, match=r"num_workers.*ShardDataset.resume"):
         stream.load_state_dict(worker_state["dataset_iter_state"])  # saved with 2, here 1
+
+
+def test_len_is_unknown_in_an_epoch_resumed_at_another_world(built: Path) -> None:
+    """2 x 2 stopped after 5 batches, resumed at 3 x 2: epoch 0 then takes 5 + 5 batches per
+    rank, a normal epoch 9, so no len() (TypeError, an unsized loader to Lightning) until the
+    next epoch's pass starts; at the saved world, or after set_epoch of another epoch, len()."""
+    _, state = _interrupted(built, 2, 2, 5, "drop")
+    ds = ShardDataset(str(built), rank=0, world_size=3, **OPTIONS)
+    normal = len(ds)
+    ds.resume(state)
+    with pytest.raises(TypeError, match=r"epoch 0 resumed at 3 ranks takes 10 batches"):
+        len(_loader(ds, 2))
+    assert sum(1 for _ in _loader(ds, 2)) == 10 - 5  # the rest, re-split
+    with pytest.raises(TypeError):
+        len(ds)  # the resumed epoch is over, but the next one has not started yet
+    loader = iter(_loader(ds, 2))
+    next(loader)  # epoch 1's pass has started
+    assert len(ds) == normal
+    ds.resume(state)
+    ds.set_epoch(1)
+    assert len(ds) == normal
+    same = ShardDataset(str(built), rank=0, world_size=2, **OPTIONS)
+    same.resume(state)
+    assert len(same) == len(ShardDataset(str(built), rank=0, world_size=2, **OPTIONS))
+
+
+@pytest.mark.parametrize("new", [3, 1])
+def test_a_torchdata_state_of_another_epoch_length_needs_resume_too(built: Path, new: int) -> None:
+    """At the new world the restored epoch takes more (3 ranks) or fewer (1 rank) batches than
+    a normal one, which len() cannot know when only the loader loads the state (Lightning reads
+    len() first): refused by name at the first batch. Given to ds.resume(state) too, the same
+    state loads and streams the rest."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    _, states = _torchdata_interrupted(built, 2, 2, 5)
+    _, reference_state = _interrupted(built, 2, 2, 5, "drop")
+    expected, _ = _resumed(built, new, 2, reference_state, "drop")
+    ds = ShardDataset(str(built), rank=0, world_size=new, **OPTIONS)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    normal = len(loader)
+    loader.load_state_dict(states[0])
+    refusal = rf"saved at 2 ranks after 5 batches.*where a normal epoch takes {normal}"
+    with pytest.raises(IncompatibleStateError, match=refusal) as error:
+        next(iter(loader))
+    error.value.__traceback__ = None  # frees the failed iterator's workers now
+    ds = ShardDataset(str(built), rank=0, world_size=new, **OPTIONS)
+    ds.resume(states[0])  # the recipe: before len() is asked
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    with pytest.raises(TypeError):
+        len(loader)
+    loader.load_state_dict(states[0])
+    assert [_pairs(b) for b in loader] == expected[0]

@@ -111,3 +111,22 @@ def test_next_position_refuses_other_states(built: Path) -> None:
 
     with pytest.raises(IncompatibleStateError, match="cannot tell where to continue"):
         make(built)[0].next_position({"model": 1})
+
+
+def test_set_epoch_wins_over_a_loaded_state_in_the_resumed_rotation(built: Path) -> None:
+    """set_epoch(1), then load_state_dict of a state 3 batches into epoch 0 (Lightning's recipe
+    at a last-batch checkpoint does this): epoch 1 from its first batch, in order, although
+    torchdata resumes its rotation at the worker after the one that made batch 2."""
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    reference, _ = train_stateful(built, None, None)
+    _, state = train_stateful(built, None, 3)
+    dataset = ShardDataset(str(built), batch_size=BATCH_SIZE, rank=0, world_size=2)
+    dataset.set_epoch(1)
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+    loader.load_state_dict(state)
+    batches = list(loader)
+    assert [b["__position__"]["epoch"] for b in batches] == [1] * len(batches)
+    assert [b["__position__"]["batch"] for b in batches] == list(range(len(batches)))
+    assert [tuple(b["__key__"].tolist()) for b in batches] == [k for e, k in reference if e == 1]

@@ -1,12 +1,15 @@
 """The Lightning side of ``lightning_job.py``: fits whose model records the keys it trains on.
 
-One job runs several ``Trainer.fit`` calls in turn (``FITS``), on the same two
-DDP processes: starting Lightning's ranks costs far more than a fit of 30
-small steps. Every fit builds a new model, dataset and DataLoader, so each
-starts where a fresh process would (ShardDataset's epoch count at 0).
+One job runs several ``Trainer.fit`` calls in turn (``FITS``), on the same
+DDP processes (``--devices``, 2 by default): starting Lightning's ranks costs
+far more than a fit of 30 small steps. Every fit builds a new model, dataset
+and DataLoader, so each starts where a fresh process would (ShardDataset's
+epoch count at 0). A fit may resume from a checkpoint another job wrote at
+another world size (elastic resume).
 
 Each rank writes ``<workdir>/<fit>/rank<r>.json``: the keys of every batch it
-trained on, with the batch's epoch and position, plus the loader's length.
+trained on, with the batch's epoch and position, plus the loader's length
+(or, for a fit expected to be refused, the error).
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.data import sized_len
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -32,6 +37,11 @@ NUM_WORKERS = 2
 EPOCHS = 2
 STOP_AT_STEP = 20  # the interrupted fit stops here, in the middle of epoch 1
 SAVE_EVERY = 5  # and checkpoints every 5 steps: step=15 is the last batch of epoch 0
+DATASET_OPTIONS: dict[str, Any] = {
+    "batch_size": BATCH_SIZE,
+    "shuffle_buffer": 128,
+    "block_size": 64,
+}
 
 
 @dataclass(frozen=True)
@@ -47,27 +57,65 @@ class Fit:
     epoch_hook: bool = False
     stop: bool = False  # stop at STOP_AT_STEP, checkpointing every SAVE_EVERY steps and epoch
     resume: tuple[str, str] | None = None  # (a "stop" fit, its checkpoint file) to resume from
+    # the docs' StatefulDataLoader recipe at any world size: on_load_checkpoint keeps the loader
+    # state Lightning will restore, and train_dataloader() hands it to ds.resume() first, so
+    # that len() counts the resumed epoch at this world before Lightning reads it
+    loader_resume: bool = False
+    epochs: int = EPOCHS  # max_epochs
+    refused: bool = False  # the fit must fail: each rank records its error instead of steps
 
+
+STATEFUL = Fit(stateful=True, epoch_hook=True, loader_resume=True)  # the docs' recipe
+HOOKS = Fit(hooks=True)  # the docs' plain-DataLoader recipe (state_after / resume)
+ELASTIC_EPOCHS = EPOCHS + 1  # a resume at another world runs one normal epoch after its own
 
 FITS: dict[str, Fit] = {
     # uninterrupted, 2 epochs: the reference for every resume below
     "plain": Fit(build_in_init=True, persistent=True),
     # interrupted at step 20 (mid-epoch 1), then resumed from its checkpoints
-    "stop-stateful": Fit(stateful=True, epoch_hook=True, stop=True),
-    "stateful-from-step20": Fit(
-        stateful=True, epoch_hook=True, resume=("stop-stateful", "step=20.ckpt")
-    ),
-    "stateful-from-step15": Fit(
-        stateful=True, epoch_hook=True, resume=("stop-stateful", "step=15.ckpt")
-    ),
-    "stateful-from-epoch-end": Fit(
-        stateful=True, epoch_hook=True, resume=("stop-stateful", "epoch=0-end.ckpt")
-    ),
-    "stop-hooks": Fit(hooks=True, stop=True),
-    "hooks-from-step20": Fit(hooks=True, resume=("stop-hooks", "step=20.ckpt")),
-    "hooks-from-step15": Fit(hooks=True, resume=("stop-hooks", "step=15.ckpt")),
-    "hooks-from-epoch-end": Fit(hooks=True, resume=("stop-hooks", "epoch=0-end.ckpt")),
+    "stop-stateful": replace(STATEFUL, stop=True),
+    "stateful-from-step20": replace(STATEFUL, resume=("stop-stateful", "step=20.ckpt")),
+    "stateful-from-step15": replace(STATEFUL, resume=("stop-stateful", "step=15.ckpt")),
+    "stateful-from-epoch-end": replace(STATEFUL, resume=("stop-stateful", "epoch=0-end.ckpt")),
+    "stop-hooks": replace(HOOKS, stop=True),
+    "hooks-from-step20": replace(HOOKS, resume=("stop-hooks", "step=20.ckpt")),
+    "hooks-from-step15": replace(HOOKS, resume=("stop-hooks", "step=15.ckpt")),
+    "hooks-from-epoch-end": replace(HOOKS, resume=("stop-hooks", "epoch=0-end.ckpt")),
 }
+
+# Elastic resume (test_lightning.py runs one job per world size). At 3 ranks: the 2-rank
+# checkpoints at step 20 resumed by both recipes, the StatefulDataLoader recipe without
+# its on_load_checkpoint hook (refused: last, the fit fails), and both recipes interrupted
+# at step 20, whose step-15 checkpoints (mid-epoch 1 at 3 ranks) the 2-rank job resumes.
+# At 4 ranks: the 2-rank checkpoints at step 20.
+ELASTIC: dict[int, dict[str, Fit]] = {
+    3: {
+        "stateful-at3": replace(
+            STATEFUL, resume=("stop-stateful", "step=20.ckpt"), epochs=ELASTIC_EPOCHS
+        ),
+        "hooks-at3": replace(HOOKS, resume=("stop-hooks", "step=20.ckpt"), epochs=ELASTIC_EPOCHS),
+        "stop-stateful-at3": replace(STATEFUL, stop=True),
+        "stop-hooks-at3": replace(HOOKS, stop=True),
+        "refused-at3": replace(
+            STATEFUL, loader_resume=False, resume=("stop-stateful", "step=20.ckpt"), refused=True
+        ),
+    },
+    4: {
+        "stateful-at4": replace(
+            STATEFUL, resume=("stop-stateful", "step=20.ckpt"), epochs=ELASTIC_EPOCHS
+        ),
+        "hooks-at4": replace(HOOKS, resume=("stop-hooks", "step=20.ckpt"), epochs=ELASTIC_EPOCHS),
+    },
+    2: {
+        "stateful-from3": replace(
+            STATEFUL, resume=("stop-stateful-at3", "step=15.ckpt"), epochs=ELASTIC_EPOCHS
+        ),
+        "hooks-from3": replace(
+            HOOKS, resume=("stop-hooks-at3", "step=15.ckpt"), epochs=ELASTIC_EPOCHS
+        ),
+    },
+}
+ALL_FITS = {**FITS, **{name: fit for fits in ELASTIC.values() for name, fit in fits.items()}}
 
 
 class KeyRecorder(L.LightningModule):
@@ -81,11 +129,12 @@ class KeyRecorder(L.LightningModule):
         self.loader_len: int | None = None
         self.last_position: dict[str, int] | None = None
         self.shard_state: dict[str, Any] | None = None  # from the checkpoint (hooks)
+        self.loader_state: dict[str, Any] | None = None  # from the checkpoint (loader_resume)
         # built before the process group exists: the rank is resolved when iteration starts
         self.dataset = self._dataset() if fit.build_in_init else None
 
     def _dataset(self) -> ShardDataset:
-        return ShardDataset(self.data, batch_size=BATCH_SIZE, shuffle_buffer=128, block_size=64)
+        return ShardDataset(self.data, **DATASET_OPTIONS)
 
     def train_dataloader(self) -> DataLoader[Any]:
         if self.dataset is None:
@@ -95,6 +144,8 @@ class KeyRecorder(L.LightningModule):
             dataset.resume(self.shard_state)
         if self.fit.epoch_hook:
             dataset.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
+        if self.loader_state is not None:
+            dataset.resume(self.loader_state)  # before Lightning asks len()
         # forkserver, never fork: gloo's threads can deadlock a forked worker on Python 3.11
         options: dict[str, Any] = {
             "batch_size": None,
@@ -104,7 +155,7 @@ class KeyRecorder(L.LightningModule):
         }
         loader_type = StatefulDataLoader if self.fit.stateful else DataLoader
         loader: DataLoader[Any] = loader_type(dataset, **options)
-        self.loader_len = len(loader)
+        self.loader_len = sized_len(loader)  # None in an epoch resumed at another world
         return loader
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -115,6 +166,8 @@ class KeyRecorder(L.LightningModule):
                 "epoch": self.current_epoch,
                 "global_step": self.global_step,
                 "batch_idx": batch_idx,
+                # Lightning's own verdict: the epoch's last batch (end-of-epoch validation runs)
+                "last": self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch,
                 "position": [position["epoch"], position["batch"]],
                 "keys": list(batch["__key__"]),
             }
@@ -135,6 +188,10 @@ class KeyRecorder(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.fit.hooks:
             self.shard_state = checkpoint["shard_state"]
+        if self.fit.loader_resume:
+            # the state Lightning restores into the StatefulDataLoader (one per train loader)
+            states = checkpoint["loops"]["fit_loop"]["state_dict"].get("combined_loader")
+            self.loader_state = states[0] if states else None
 
     def on_train_end(self) -> None:
         result = {
@@ -146,8 +203,8 @@ class KeyRecorder(L.LightningModule):
         (self.record / f"rank{self.global_rank}.json").write_text(json.dumps(result))
 
 
-def run_fit(name: str, data: str, workdir: Path) -> None:
-    fit = FITS[name]
+def run_fit(name: str, data: str, workdir: Path, devices: int) -> None:
+    fit = ALL_FITS[name]
     record = workdir / name
     record.mkdir(parents=True, exist_ok=True)
     ckpt_dir = record / "checkpoints"
@@ -161,8 +218,8 @@ def run_fit(name: str, data: str, workdir: Path) -> None:
     trainer = L.Trainer(
         strategy="ddp",
         accelerator="cpu",
-        devices=2,
-        max_epochs=EPOCHS,
+        devices=devices,
+        max_epochs=fit.epochs,
         max_steps=STOP_AT_STEP if fit.stop else -1,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -175,16 +232,28 @@ def run_fit(name: str, data: str, workdir: Path) -> None:
     ckpt_path = (
         None if fit.resume is None else workdir / fit.resume[0] / "checkpoints" / fit.resume[1]
     )
-    trainer.fit(model, ckpt_path=ckpt_path)
+    if not fit.refused:
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return
+    try:
+        trainer.fit(model, ckpt_path=ckpt_path)
+    except Exception as error:  # the finding is the error itself
+        result = {"error": type(error).__name__, "message": str(error), "steps": model.steps}
+        (record / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+        # the traceback's frames hold the DataLoader iterator: free its workers now
+        traceback.clear_frames(error.__traceback__)
+        return
+    raise AssertionError(f"fit {name} was expected to be refused and ran to its end")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
     parser.add_argument("--workdir", required=True, type=Path)
-    parser.add_argument("--fits", default=",".join(FITS), help="comma-separated names in FITS")
+    parser.add_argument("--devices", type=int, default=2, help="DDP ranks (the world size)")
+    parser.add_argument("--fits", default=",".join(FITS), help="comma-separated names")
     args = parser.parse_args()
     # Workers unpickle a ShardDataset: import torch and the loader once, in the fork server.
     multiprocessing.set_forkserver_preload(["loader.dataset"])
     for name in args.fits.split(","):
-        run_fit(name, args.data, args.workdir)
+        run_fit(name, args.data, args.workdir, args.devices)

@@ -1,20 +1,33 @@
-"""Lightning 2.6 DDP (2 CPU processes, gloo) over a ShardDataset: coverage, equal steps, resume.
+"""Lightning 2.6 DDP (CPU processes, gloo) over a ShardDataset: coverage, equal steps, resume.
 
 One job (``lightning_job.py``) runs every fit of ``lightning_recorder.FITS`` in
-turn on the same two ranks; the tests read what each rank trained on.
+turn on the same two ranks; the tests read what each rank trained on. Elastic
+resume runs one more job per world size (``lightning_recorder.ELASTIC``: 3, 4,
+then 2 ranks), resuming the checkpoints the jobs before it wrote.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
+from torch.utils.data import DataLoader
 
+from loader import ShardDataset
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import python_job, read_ranks, run_job
-from tests.integrations.lightning_recorder import BATCH_SIZE, EPOCHS, FITS, STOP_AT_STEP
+from tests.integrations.lightning_recorder import (
+    BATCH_SIZE,
+    DATASET_OPTIONS,
+    ELASTIC,
+    ELASTIC_EPOCHS,
+    EPOCHS,
+    FITS,
+    NUM_WORKERS,
+    STOP_AT_STEP,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -26,13 +39,29 @@ Steps = list[list[str]]  # the keys of each step of one rank
 
 
 @pytest.fixture(scope="module")
-def fits(odd_build: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the jobs write their records and checkpoints (later jobs resume earlier ones')."""
+    return tmp_path_factory.mktemp("lightning")
+
+
+@pytest.fixture(scope="module")
+def fits(odd_build: Path, workdir: Path) -> dict[str, list[Any]]:
     """Run the Lightning job once; each fit's per-rank records."""
-    workdir = tmp_path_factory.mktemp("lightning")
     run_job(
         python_job("lightning_job.py", "--data", str(odd_build), "--workdir", str(workdir)), 240
     )
     return {name: read_ranks(workdir / name, WORLD) for name in FITS}
+
+
+@pytest.fixture(scope="module")
+def elastic(odd_build: Path, workdir: Path, fits: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The elastic jobs, at 3, 4 and 2 ranks (after ``fits``, whose checkpoints they resume)."""
+    records = dict(fits)
+    for world, world_fits in ELASTIC.items():
+        args = ["--data", str(odd_build), "--workdir", str(workdir), "--devices", str(world)]
+        run_job(python_job("lightning_job.py", *args, "--fits", ",".join(world_fits)), 300)
+        records.update({name: read_ranks(workdir / name, world) for name in world_fits})
+    return records
 
 
 def keys(records: list[Any], rank: int) -> Steps:
@@ -108,3 +137,113 @@ def test_stateful_dataloader_from_epoch_end_checkpoint(fits: dict[str, list[Any]
     set_epoch in train_dataloader() keeps the fresh dataset from replaying epoch 0's order."""
     for rank in range(WORLD):
         assert keys(fits["stateful-from-epoch-end"], rank) == keys(fits["plain"], rank)[BATCHES:]
+
+
+class Elastic(NamedTuple):
+    """A job interrupted at ``old`` ranks, resumed at ``new`` ranks from its checkpoint."""
+
+    old: int
+    new: int
+    stop: str  # the interrupted fit of the StatefulDataLoader recipe (per recipe below)
+    resumed: str  # the resumed fit's name, "{recipe}" filled in
+
+
+# each checkpoint is 5 batches into epoch 1 (step 20 at 2 ranks, step 15 at 3)
+DONE = STOP_AT_STEP - BATCHES
+ELASTIC_CASES = {
+    "2to3": Elastic(2, 3, "stop-{recipe}", "{recipe}-at3"),
+    "2to4": Elastic(2, 4, "stop-{recipe}", "{recipe}-at4"),
+    "3to2": Elastic(3, 2, "stop-{recipe}-at3", "{recipe}-from3"),
+}
+
+
+def batches(samples: int) -> int:
+    return math.ceil(samples / BATCH_SIZE)
+
+
+def reference_epoch(data: Path, rank: int, world: int, epoch: int) -> Steps:
+    """Rank ``rank``'s batches of a normal ``epoch`` at ``world`` ranks, in this process."""
+    ds = ShardDataset(str(data), rank=rank, world_size=world, **DATASET_OPTIONS)
+    ds.set_epoch(epoch)
+    return [list(b["__key__"]) for b in DataLoader(ds, batch_size=None, num_workers=NUM_WORKERS)]
+
+
+@pytest.mark.parametrize("recipe", ["stateful", "hooks"])
+@pytest.mark.parametrize("case", list(ELASTIC_CASES))
+def test_lightning_resumed_at_another_world_size_sees_the_rest_of_the_epoch_once(
+    elastic: dict[str, list[Any]], odd_build: Path, case: str, recipe: str
+) -> None:
+    """Killed mid-epoch 1 at W ranks, resumed at W' from its checkpoint (both recipes). Epoch 1
+    takes the 5 batches before the kill plus the rest at W', more or fewer than a normal epoch at
+    W', and Lightning keeps one len() for the whole fit: so the dataset has none in that epoch and
+    Lightning follows the data. Its own count (batch_idx, is_last_batch) ends each epoch exactly
+    where the data does: every sample of epoch 1 once, except the documented drops, then the
+    normal epoch 2 at W', key for key."""
+    old, new, stop, resumed = ELASTIC_CASES[case]
+    stop_records = elastic[stop.format(recipe=recipe)]
+    records = elastic[resumed.format(recipe=recipe)]
+    # the epoch-1 batches trained before the checkpoint, on the old ranks
+    before = [
+        step["keys"]
+        for rank in range(old)
+        for step in stop_records[rank]["steps"]
+        if step["position"][0] == 1 and step["position"][1] < DONE
+    ]
+    assert len(before) == old * DONE
+    assigned = ODD_SAMPLES - ODD_SAMPLES % old  # uneven="drop"
+    rest = assigned - old * DONE * BATCH_SIZE
+    share = rest // new  # per rank at the new world; rest % new left out
+    normal = batches(ODD_SAMPLES // new)
+    lightning_count = DONE + batches(share)  # where Lightning's count must end epoch 1
+    assert lightning_count != normal  # (12 vs 10, 10 vs 8, 13 vs 15): one len() cannot hold
+    after: list[str] = []
+    for rank in range(new):
+        record = records[rank]
+        assert record["world_size"] == new
+        assert record["loader_len"] is None and record["num_training_batches"] == math.inf
+        epoch1 = [s for s in record["steps"] if s["epoch"] == 1]
+        assert [s["position"] for s in epoch1] == [[1, b] for b in range(batches(share))]
+        assert [s["batch_idx"] for s in epoch1] == list(range(DONE, lightning_count))
+        assert [s["last"] for s in epoch1] == [False] * (len(epoch1) - 1) + [True]
+        assert sum(len(s["keys"]) for s in epoch1) == share
+        after += [key for s in epoch1 for key in s["keys"]]
+        later = [s for s in record["steps"] if s["epoch"] > 1]  # the new world's normal epochs
+        epochs = range(2, ELASTIC_EPOCHS)
+        assert [s["position"] for s in later] == [[e, b] for e in epochs for b in range(normal)]
+        assert [s["batch_idx"] for s in later] == [b for _ in epochs for b in range(normal)]
+        assert [s["last"] for s in later] == [
+            b == normal - 1 for _ in epochs for b in range(normal)
+        ]
+        assert [s["keys"] for s in later] == [
+            keys for epoch in range(2, ELASTIC_EPOCHS)
+            for keys in reference_epoch(odd_build, rank, new, epoch)
+        ]  # fmt: skip
+        assert len(record["steps"]) == len(epoch1) + len(later)  # nothing else ran
+    seen = [key for step in before for key in step] + after
+    assert len(seen) == len(set(seen)), "a sample was trained on twice in epoch 1"
+    assert len(seen) == assigned - rest % new  # all but the documented drops
+
+
+def test_both_recipes_resume_the_same_batches(elastic: dict[str, list[Any]]) -> None:
+    """The StatefulDataLoader state (loaded by Lightning) and state_after give the same rest."""
+    for old, new, _, resumed in ELASTIC_CASES.values():
+        for rank in range(new):
+            assert keys(elastic[resumed.format(recipe="stateful")], rank) == keys(
+                elastic[resumed.format(recipe="hooks")], rank
+            ), (old, new, rank)
+
+
+def test_stateful_restore_without_the_recipe_hook_is_refused_before_training(
+    elastic: dict[str, list[Any]],
+) -> None:
+    """Without on_load_checkpoint passing the loader state to ds.resume(), len() says a normal
+    epoch at 3 ranks (10) before Lightning loads the state; the resumed epoch takes 12: refused by
+    name at the first batch, before any training step, on every rank."""
+    for record in elastic["refused-at3"]:
+        assert record["error"] == "IncompatibleStateError", record
+        assert record["steps"] == []
+        message = record["message"]
+        assert "at 3 ranks from this StatefulDataLoader state" in message
+        assert "saved at 2 ranks after 5 batches" in message
+        assert "12 in the epoch where a normal epoch takes 10" in message
+        assert "ds.resume(state) too" in message
