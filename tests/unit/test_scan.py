@@ -223,7 +223,7 @@ def test_keyed_files_group_by_first_dot_stem_at_any_depth(tmp_path: Path) -> Non
 
 def test_keyed_integer_labels_keep_their_value(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
-    for stem, label in [("a", "3"), ("b", " 0\n"), ("c", "7"), ("d", "3")]:
+    for stem, label in [("a", "3"), ("b", "0\n"), ("c", "7"), ("d", "3")]:
         _write(raw / f"{stem}.jpg", stem.encode())
         _write(raw / f"{stem}.cls", label)
     inv = scan(str(raw))
