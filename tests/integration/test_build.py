@@ -330,7 +330,7 @@ def test_non_empty_out_is_refused(make_class_folders: Callable[..., Path], tmp_p
     with pytest.raises(InputError) as info:
         shardprep.build(str(raw), str(out), shards=2, workers=1, progress=False)
     assert str(out) in str(info.value)
-    assert "--overwrite" in str(info.value)
+    assert "overwrite=True" in str(info.value)  # the keyword: called from Python
     assert os.listdir(out) == ["notes.txt"]
     a_file = tmp_path / "file"
     a_file.write_text("x")
