@@ -32,6 +32,7 @@ from shardprep.format.errors import (
     ManifestError,
     OutputError,
     StalledError,
+    WorkersDiedError,
     WriteError,
     is_interrupt,
 )
@@ -47,7 +48,7 @@ from shardprep.storage import is_url, local_path
 from shardprep.transform import MapError, SampleMap
 from shardprep.url_output import read_manifest_at
 from shardprep.weighting import Selection, select_samples
-from shardprep.write import ShardRecord
+from shardprep.write import ResumableWriteError, ShardRecord
 
 __all__ = ["JOURNAL_NAME", "BuildSummary", "build"]
 
@@ -281,6 +282,7 @@ def _engine_options(config: BuildConfig) -> EngineOptions:
         workers_given=config.workers is not None,
         ray_address=config.ray_address,
         stall_timeout=config.stall_timeout,
+        interface=config.interface,
     )
 
 
@@ -355,7 +357,7 @@ def _scan(
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
     if detected:
-        layout = detect_format(raw, config.raw_options())
+        layout = detect_format(raw, config.raw_options(), config.interface)
     _check_scratch_input(raw, layout, config)
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
@@ -384,6 +386,7 @@ def _scan(
                 part_sink=make_store if engine.shares_disk else InventoryBuilder,
                 key_column=config.key_column,
                 scratch=folder,  # Parquet input: payloads are copied there (removed with it)
+                interface=config.interface,  # messages name --format or input_format=
             )
     except BaseException:
         for store in stores:  # a failed scan leaves its column files open for writing
@@ -446,8 +449,14 @@ def _write_all(
         kept = _kept_shards(destination, config, progress)
         advice = map_error_advice(kept, context.transform, config)
         raise MapError(f"{err}. {advice}", err.shard_index) from err
+    except WorkersDiedError as err:  # the engine said how the writer died; not what is kept
+        kept = _kept_shards(destination, config, progress)
+        raise WorkersDiedError(f"{err}; {resume_advice(kept, config)}", err.task) from err
     except WriteError as err:
         changed = _changed_source(context.samples(err.shard_index))
+        if changed is None and isinstance(err, ResumableWriteError):  # a cause outside
+            kept = _kept_shards(destination, config, progress)
+            raise type(err)(f"{err}; {resume_advice(kept, config)}", err.shard_index) from err
         if changed is None:
             raise
         interface = config.interface
@@ -500,6 +509,16 @@ def _shards_in(folder: str, num_shards: int, compression: str) -> int:
     """How many of the ``num_shards`` shard files of a build are in local folder ``folder``."""
     names = (shard_name(s, compression) for s in range(num_shards))
     return sum(os.path.exists(os.path.join(folder, name)) for name in names)
+
+
+def resume_advice(kept: str, config: BuildConfig) -> str:
+    """What to do after a write failed on a cause outside the build (a full disk, a writer
+    killed: a :class:`~shardprep.write.ResumableWriteError` or a
+    :class:`~shardprep.format.errors.WorkersDiedError`): OUT holds this build's journal, so
+    the same build resumed finishes it once the cause is fixed, reusing what is ``kept`` (see
+    :func:`_kept_shards`)."""
+    again = config.interface.again("resume", "overwrite" if config.overwrite else None)
+    return f"{kept}: fix the cause, then {again}"
 
 
 def stall_advice(kept: str, config: BuildConfig) -> str:

@@ -52,7 +52,7 @@ from shardprep.interface import Interface
 from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
-from shardprep.storage import describe_error, is_url, local_path, open_url
+from shardprep.storage import describe_error, endpoint_hint, is_url, local_path, open_url
 from shardprep.upload import ShardUpload, put_shard
 from shardprep.write import ShardRecord, record_from_index
 
@@ -72,7 +72,6 @@ PARTIAL_FILE = re.compile(
 UPLOAD_THREADS = 2
 CONTACT_TIMEOUT_S = 30.0
 """The first request to a remote OUT (listing it) must be answered within this many seconds."""
-ENDPOINT_EXAMPLE = {"client_kwargs": {"endpoint_url": "..."}}
 """The storage option that names an S3 endpoint, as messages show it."""
 RESUME_THREADS = 8
 JOURNAL_LIMIT = 1 << 20
@@ -446,7 +445,7 @@ class RemoteDestination:
         self.out = out
         self.staging = ""
         self._config = config
-        self._fs, path = open_url(out, config.out_options())
+        self._fs, path = open_url(out, config.out_options(), config.interface)
         self.process_local = _protocol_of(self._fs) == "memory"
         self._root = path.rstrip("/")
         self._url = out.rstrip("/")
@@ -469,7 +468,8 @@ class RemoteDestination:
         except (InputError, OutputError):
             raise
         except Exception as err:
-            raise OutputError(f"{describe_error(url, err)}; {advice}", url) from err
+            problem = describe_error(url, err, self._config.interface)
+            raise OutputError(f"{problem}; {advice}", url) from err
 
     def _entries(self, advice: str) -> dict[str, int]:
         """Name → size of what OUT holds directly (folders: size -1); {} if OUT is absent.
@@ -523,8 +523,8 @@ class RemoteDestination:
         if not result:
             raise OutputError(
                 f"{self.out}: no answer from the storage within {CONTACT_TIMEOUT_S:g} s; check "
-                f"the endpoint ({interface.setting('storage_options', ENDPOINT_EXAMPLE)} or "
-                f"AWS_ENDPOINT_URL) and the network, then {interface.again()}",
+                f"the endpoint ({endpoint_hint(interface)}) and the network, then "
+                f"{interface.again()}",
                 self.out,
             )
         if isinstance(result[0], BaseException):
@@ -576,7 +576,7 @@ class RemoteDestination:
                 self._call(partial(self._fs.rm_file, self._path(name)), self._url, advice)
         if tasks_elsewhere:
             self.stages_locally = False
-            return ShardUpload(self._url, self._config.out_options())
+            return ShardUpload(self._url, self._config.out_options(), self._config.interface)
         self._staging = OwnedFolder("shardprep-staging-")  # swept by a later build if killed
         self.staging = self._staging.path
         self._uploads = _Uploads(UPLOAD_THREADS, self._upload)

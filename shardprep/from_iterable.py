@@ -99,7 +99,9 @@ def _spill(samples: Iterable[Any], folder: str, config: BuildConfig) -> Spilled:
         with _Bar(
             total=total, desc="spill samples", unit=" samples", disable=not config.progress
         ) as bar:
-            spilled = spill_samples(samples, folder, bar.update, reserved)
+            spilled = spill_samples(
+                samples, folder, bar.update, reserved, interface=config.interface
+            )
     except KeyboardInterrupt as err:
         raise BuildInterrupted(
             "interrupted while the samples were read, before anything was written: "

@@ -30,11 +30,13 @@ from typing import Any
 
 from shardprep.format.errors import OutputError
 from shardprep.format.storage_options import merge_options
+from shardprep.interface import CLI, Interface
 
 __all__ = [
     "S3_DEFAULTS",
     "credentials_problem",
     "describe_error",
+    "endpoint_hint",
     "is_url",
     "local_path",
     "open_url",
@@ -66,8 +68,11 @@ def _protocol(url: str) -> str:
     return url.split("::")[-1].split("://", 1)[0]
 
 
-def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` (a new instance) and the path inside it.
+def open_url(
+    url: str, storage_options: Mapping[str, Any] | None = None, interface: Interface = CLI
+) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (a new instance) and the path inside it (``interface``:
+    how a refusal names the storage options, ``--storage-option`` or ``storage_options=``).
 
     Raises:
         OutputError: fsspec or the protocol's backend is not installed (naming the extra or
@@ -107,16 +112,35 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> tupl
     except TypeError as err:  # an option the backend does not take
         raise OutputError(
             f"{url}: the {protocol}:// backend refused the storage options ({err}); "
-            "check --storage-option names against its documentation",
+            f"check the names given with {interface.option('storage_options')} against its "
+            "documentation",
             url,
         ) from err
     return fs, str(path)
 
 
-_CREDENTIALS = (
-    "(for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or "
-    "--storage-option profile=..., key=..., secret=..., anon=true for a public bucket)"
-)
+def _credentials_hint(interface: Interface) -> str:
+    """Where the backend takes credentials from, the storage options named as the caller
+    gives them: ``--storage-option profile=...`` or ``storage_options={'profile': ...}``."""
+    if interface.cli:
+        options = "--storage-option profile=..., key=..., secret=..., anon=true"
+    else:
+        options = "storage_options={'profile': ...}, {'key': ..., 'secret': ...} or {'anon': True}"
+    return (
+        "(for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or "
+        f"{options} for a public bucket)"
+    )
+
+
+ENDPOINT_EXAMPLE = {"client_kwargs": {"endpoint_url": "..."}}
+
+
+def endpoint_hint(interface: Interface = CLI) -> str:
+    """How to name an S3-compatible endpoint, as the caller gives storage options:
+    ``--storage-option 'client_kwargs={"endpoint_url": "..."}' or AWS_ENDPOINT_URL``."""
+    return f"{interface.setting('storage_options', ENDPOINT_EXAMPLE)} or AWS_ENDPOINT_URL"
+
+
 # exception class names (botocore, google-auth, azure-identity) that mean "no usable
 # credentials were found", before any request was sent
 _NO_CREDENTIALS = frozenset(
@@ -167,23 +191,24 @@ def credentials_problem(err: BaseException) -> str | None:
     return None
 
 
-def describe_error(url: str, err: BaseException) -> str:
-    """``url``, what went wrong talking to its storage, and what to check; one line."""
+def describe_error(url: str, err: BaseException, interface: Interface = CLI) -> str:
+    """``url``, what went wrong talking to its storage, and what to check; one line
+    (``interface``: how the hints name the storage options, the build's caller's way)."""
     credentials = credentials_problem(err)
+    hint = _credentials_hint(interface)
     if credentials is not None:
-        return f"{url}: {credentials}; set the credentials the backend uses {_CREDENTIALS}"
+        return f"{url}: {credentials}; set the credentials the backend uses {hint}"
     if isinstance(err, FileNotFoundError) and "bucket" in str(err).lower():
         return f"{url}: the bucket does not exist ({err}); create it or fix the URL"
     if isinstance(err, PermissionError):
         return (
             f"{url}: access denied ({err}); check the credentials the backend uses "
-            f"{_CREDENTIALS} and the bucket's permissions"
+            f"{hint} and the bucket's permissions"
         )
     if isinstance(err, FileNotFoundError):
         return f"{url}: not found ({err})"
     name = type(err).__name__
     return (
         f"{url}: cannot reach the storage ({name}: {err}); check the endpoint "
-        "(--storage-option 'client_kwargs={\"endpoint_url\": ...}' or AWS_ENDPOINT_URL) "
-        "and the network"
+        f"({endpoint_hint(interface)}) and the network"
     )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardprep.interface import CLI, Interface
 from shardprep.scratch import OwnedFolder
 from shardprep.storage import describe_error, open_url
 from shardprep.write import ShardRecord
@@ -48,6 +49,7 @@ class ShardUpload:
 
     url: str
     storage_options: Mapping[str, Any] | None = None
+    interface: Interface = CLI  # how a failure's hints name the storage options (the build's)
 
     def write(self, write: Callable[[str], ShardRecord]) -> ShardRecord:
         """``write(folder)`` writes the shard into a new staging folder on this machine; the
@@ -63,14 +65,14 @@ class ShardUpload:
             try:
                 put_shard(fs, root, folder, record)
             except Exception as err:
-                raise UploadError(self.url, err) from err
+                raise UploadError(self.url, err, self.interface) from err
         return record
 
     def _filesystem(self) -> tuple[Any, str]:
         key = json.dumps([self.url, self.storage_options], sort_keys=True, default=repr)
         with _lock:
             if key not in _filesystems:
-                fs, path = open_url(self.url, self.storage_options)
+                fs, path = open_url(self.url, self.storage_options, self.interface)
                 _filesystems[key] = (fs, path.rstrip("/"))
             return _filesystems[key]
 
@@ -79,7 +81,7 @@ class UploadError(OSError):
     """A write task's upload into OUT failed; ``errno`` is EACCES for a refusal (credentials,
     permissions, a missing bucket: a retry cannot help), else EIO (may pass)."""
 
-    def __init__(self, url: str, err: BaseException) -> None:
+    def __init__(self, url: str, err: BaseException, interface: Interface = CLI) -> None:
         lasting = isinstance(err, PermissionError | FileNotFoundError)
         code = errno.EACCES if lasting else errno.EIO
-        super().__init__(code, f"upload into {describe_error(url, err)}")
+        super().__init__(code, f"upload into {describe_error(url, err, interface)}")

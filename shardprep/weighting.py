@@ -170,7 +170,11 @@ def select_samples(inventory: InventoryView, config: BuildConfig) -> Selection:
     counts = inventory.class_counts()
     labels = inventory.column("label")
     weights = parse_class_weights(
-        config.class_weights, inventory.class_names, counts, config.allow_zero_weights
+        config.class_weights,
+        inventory.class_names,
+        counts,
+        config.allow_zero_weights,
+        config.interface,
     )
     section: dict[str, Any] = {
         "spec": config.class_weights,

@@ -40,10 +40,21 @@ from shardprep.transform import MapError, SampleMap, apply_map
 
 __all__ = [
     "FRAME_BYTES",
+    "ResumableWriteError",
     "ShardRecord",
     "record_from_index",
     "write_shard",
 ]
+
+
+class ResumableWriteError(WriteError):
+    """Writing a shard failed on a cause outside the build (a full disk, a source that
+    vanished, storage that stopped answering): once it is fixed, the same build resumed
+    finishes. The message says what happened; the builder adds what OUT keeps, counted, and
+    how to resume as the caller gives options (:func:`shardprep.builder.resume_advice`)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.shard_index))
 
 
 LABEL_EXT = "cls"
@@ -324,10 +335,8 @@ def write_shard(
         os.replace(tmp, final)
     except OSError as err:
         what = "no space left on the device" if err.errno == errno.ENOSPC else str(err)
-        raise WriteError(
-            f"shard {index}: {what} (while writing sample from {current!r}); "
-            "fix the cause, then run the same command with --resume",
-            index,
+        raise ResumableWriteError(
+            f"shard {index}: {what} (while writing sample from {current!r})", index
         ) from err
     finally:
         reader.close()

@@ -35,6 +35,7 @@ from typing import Protocol, TypeVar
 from shardprep.config import ENGINES
 from shardprep.engine.tasks import Progress, ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError
+from shardprep.interface import CLI, Interface
 from shardprep.write import ShardRecord
 
 __all__ = [
@@ -110,6 +111,7 @@ class EngineOptions:
     ray_address: str | None = None  # ray: cluster to join (else RAY_ADDRESS, else a local one)
     stall_timeout: float = 1800.0  # write: seconds without progress before the build stops
     write_task: WriteTask = write_task  # writes one shard in a worker (tests wrap it)
+    interface: Interface = CLI  # how messages name options (the build's: --workers, workers=)
 
 
 EngineOpener = Callable[[EngineOptions], AbstractContextManager[Engine]]
@@ -139,5 +141,6 @@ def open_engine(options: EngineOptions) -> AbstractContextManager[Engine]:
     """
     opener = ENGINE_OPENERS.get(options.name)
     if opener is None:
-        raise PlanError(f"--engine must be one of {', '.join(ENGINES)} (got {options.name!r})")
+        engine = options.interface.option("engine")
+        raise PlanError(f"{engine} must be one of {', '.join(ENGINES)} (got {options.name!r})")
     return opener(options)

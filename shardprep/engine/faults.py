@@ -18,6 +18,7 @@ import os
 from shardprep.format.errors import WriteError
 from shardprep.inventory import SampleRef
 from shardprep.storage import is_url
+from shardprep.write import ResumableWriteError
 
 __all__ = ["TransientWriteError", "classify"]
 
@@ -37,8 +38,10 @@ TRANSIENT_ERRNOS = frozenset(
 )
 
 
-class TransientWriteError(WriteError):
-    """A write failed on an I/O error that may pass: the Ray engine retries the task."""
+class TransientWriteError(ResumableWriteError):
+    """A write failed on an I/O error that may pass: the Ray engine retries the task (and
+    after its last retry the builder advises a resume, as for any
+    :class:`~shardprep.write.ResumableWriteError`)."""
 
 
 def classify(err: WriteError, samples: list[SampleRef]) -> WriteError:

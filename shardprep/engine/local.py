@@ -108,17 +108,18 @@ class LocalEngine:
 
 
 def _writer_died(shard: int, context: WriteContext) -> WorkersDiedError:
-    """The build's error when the process writing ``shard`` ended without an answer."""
+    """The build's error when the process writing ``shard`` ended without an answer: what
+    happened only (the builder adds what OUT keeps, counted, and how to resume:
+    :func:`shardprep.builder.resume_advice`)."""
     culprit = (
-        f"the --map function {context.transform.name} may have ended it (os._exit, a crash in "
+        f"the map function {context.transform.name} may have ended it (os._exit, a crash in "
         "native code), or "
         if context.transform is not None
         else ""
     )
     return WorkersDiedError(
         f"shard {shard}: the worker process writing it died without an answer ({culprit}the "
-        "kernel's out-of-memory killer stopped it: see dmesg); the finished shards are kept: "
-        "fix the cause, then run the same command with --resume",
+        "kernel's out-of-memory killer stopped it: see dmesg)",
         f"shard {shard}",
     )
 

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardprep.engine.faults import TransientWriteError, classify
 from shardprep.engine.tasks import ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
+from shardprep.interface import CLI, Interface
 from shardprep.scratch import sweep_stale
 from shardprep.write import ShardRecord
 
@@ -73,8 +74,8 @@ SWEEP_WAIT_S = 30.0  # how long the build waits for the nodes' sweeps (then writ
 LOG = logging.getLogger("shardprep")
 
 
-def import_ray() -> Any:
-    """The ``ray`` module.
+def import_ray(interface: Interface = CLI) -> Any:
+    """The ``ray`` module (``interface``: how the refusal names the engine option).
 
     Raises:
         PlanError: Ray is not installed; the message names the extra to install.
@@ -83,14 +84,17 @@ def import_ray() -> Any:
         import ray
     except ImportError as err:
         raise PlanError(
-            '--engine ray needs Ray: pip install "shardprep[ray]" '
+            f'{interface.setting("engine", "ray")} needs Ray: pip install "shardprep[ray]" '
             f"(it could not be imported: {err})"
         ) from err
     return ray
 
 
-def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Refuse a ``host:port`` cluster address that does not answer within ``timeout`` s.
+def check_reachable(
+    address: str, timeout: float = CONNECT_TIMEOUT_S, interface: Interface = CLI
+) -> None:
+    """Refuse a ``host:port`` cluster address that does not answer within ``timeout`` s
+    (``interface``: how the refusal names the address option).
 
     (``ray.init`` itself retries an unreachable GCS for minutes.) Other forms
     (``auto``, ``local``, ``ray://...``) are left to Ray.
@@ -105,7 +109,7 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as err:
         raise PlanError(
-            f"--ray-address {address}: no Ray cluster answers there ({err.strerror or err}); "
+            f"{interface.setting('ray_address', address)}: no Ray cluster answers there ({err.strerror or err}); "
             "start one (ray start --head) or give the address `ray status` prints"
         ) from err
 
@@ -136,10 +140,15 @@ class RayEngine:
     shares_disk = False  # a cluster's nodes may not see this machine's scratch folder
 
     def __init__(
-        self, ray: Any, stall_timeout: float = 1800.0, write: WriteTask = write_task
+        self,
+        ray: Any,
+        stall_timeout: float = 1800.0,
+        write: WriteTask = write_task,
+        interface: Interface = CLI,
     ) -> None:
         self._ray = ray
         self.stall_timeout = stall_timeout
+        self.interface = interface  # how messages name options (the build's)
         self.write = write  # writes one shard in a Ray worker (pickled into each task)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.window = max(2, 2 * cpus)  # tasks in flight
@@ -157,13 +166,13 @@ class RayEngine:
         A Ray connection that already exists in this process is used as is
         and left open; one made here is closed (a local instance shut down).
         """
-        ray = import_ray()
+        ray = import_ray(options.interface)
         if ray.is_initialized():
-            yield cls(ray, options.stall_timeout, options.write_task)
+            yield cls(ray, options.stall_timeout, options.write_task, options.interface)
             return
         address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address is not None:
-            check_reachable(address)
+            check_reachable(address, interface=options.interface)
         kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
         if address is None:
             kwargs["include_dashboard"] = False
@@ -173,7 +182,7 @@ class RayEngine:
         # default with no address joins the latest cluster started on this machine)
         ray.init(address=address or "local", **kwargs)
         try:
-            yield cls(ray, options.stall_timeout, options.write_task)
+            yield cls(ray, options.stall_timeout, options.write_task, options.interface)
         finally:
             ray.shutdown()
 
@@ -291,7 +300,7 @@ class RayEngine:
                 raise cause from err
             raise
         except _worker_deaths(ray) as err:
-            raise _workers_died(err, scan_task, shard) from err
+            raise _workers_died(err, scan_task, shard, self.interface) from err
 
     def _cancel(self, tasks: dict[Any, str]) -> None:
         """Cancel ``tasks`` (their refs, each with what it is: "shard 5") that do not end
@@ -353,14 +362,19 @@ def _worker_deaths(ray: Any) -> tuple[type[BaseException], ...]:
     return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
 
 
-def _workers_died(err: BaseException, scan_task: int, shard: int) -> WorkersDiedError:
+def _workers_died(
+    err: BaseException, scan_task: int, shard: int, interface: Interface = CLI
+) -> WorkersDiedError:
     """The build's error for a task Ray gave up on after its workers died ``MAX_RETRIES + 1``
-    times; ``err`` is Ray's (its class name says how)."""
+    times; ``err`` is Ray's (its class name says how). A shard's says what happened only:
+    the builder adds what OUT keeps, counted, and how to resume
+    (:func:`shardprep.builder.resume_advice`); a scan task's is whole (nothing was written)."""
+    fewer = f"free memory or give Ray fewer CPUs with {interface.option('workers')}"
     why = (
         f"the Ray worker process running it died on each of its {MAX_RETRIES + 1} attempts "
-        f"({type(err).__name__}): Ray kills a worker whose node runs out of memory, and a "
-        "crash in native code ends one too (see the worker logs under /tmp/ray/session_latest/"
-        "logs)"
+        f"({type(err).__name__}): Ray kills a worker whose node runs out of memory ({fewer}), "
+        "and a crash in native code ends one too (see the worker logs under "
+        "/tmp/ray/session_latest/logs)"
     )
     if type(err).__name__ in ("NodeDiedError", "LocalRayletDiedError"):
         why = (
@@ -369,13 +383,9 @@ def _workers_died(err: BaseException, scan_task: int, shard: int) -> WorkersDied
             "an unfinished upload is visible in OUT)"
         )
     if shard >= 0:
-        return WorkersDiedError(
-            f"shard {shard}: {why}; the finished shards are kept: free memory or give Ray "
-            "fewer CPUs (--workers), then run the same command with --resume",
-            f"shard {shard}",
-        )
+        return WorkersDiedError(f"shard {shard}: {why}", f"shard {shard}")
     return WorkersDiedError(
-        f"scan task {scan_task}: {why}; nothing was written: free memory or give Ray fewer "
-        "CPUs (--workers), then run the same command again",
+        f"scan task {scan_task}: {why}; nothing was written: fix the cause, then "
+        f"{interface.again()}",
         f"scan task {scan_task}",
     )

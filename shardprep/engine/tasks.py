@@ -23,14 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from shardprep.format.errors import WriteError
 from shardprep.inventory import Inventory, SampleRef
 from shardprep.out_lock import OutLock
 from shardprep.plan_store import PlannedShards
 from shardprep.transform import SampleMap
 from shardprep.upload import ShardUpload, UploadError
 from shardprep.weighting import Selection
-from shardprep.write import ShardRecord, write_shard
+from shardprep.write import ResumableWriteError, ShardRecord, write_shard
 
 __all__ = ["Progress", "ShardTask", "WriteContext", "WriteTask", "write_task"]
 
@@ -61,18 +60,15 @@ class ShardTask:
         ``upload``, into a staging folder here and then into OUT (:mod:`shardprep.upload`).
 
         Raises:
-            WriteError: as ``write_shard``, or the upload failed (naming shard and URL).
+            WriteError: as ``write_shard``, or the upload failed (a
+                :class:`~shardprep.write.ResumableWriteError` naming shard and URL).
         """
         if self.upload is None:
             return self._write(self.out, progress)
         try:
             return self.upload.write(lambda folder: self._write(folder, progress))
         except UploadError as err:
-            raise WriteError(
-                f"shard {self.index}: {err.strerror}; the shards uploaded so far are kept: fix "
-                "the cause, then run the same command with --resume",
-                self.index,
-            ) from err
+            raise ResumableWriteError(f"shard {self.index}: {err.strerror}", self.index) from err
 
     def _write(self, folder: str, progress: Any) -> ShardRecord:
         return write_shard(

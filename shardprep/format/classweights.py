@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.format.errors import PlanError
+from shardprep.interface import CLI, Interface
 
 __all__ = ["apportion", "parse_class_weights"]
 
@@ -24,15 +25,23 @@ IntArray = npt.NDArray[np.int64]
 
 
 def parse_class_weights(
-    spec: str, class_names: tuple[str, ...], counts: list[int], allow_zero: bool = False
+    spec: str,
+    class_names: tuple[str, ...],
+    counts: list[int],
+    allow_zero: bool = False,
+    interface: Interface = CLI,
 ) -> FloatArray:
     """Target weight per class from ``balanced``, ``sqrt``, a JSON file, or ``cat=2,dog=1``.
+
+    ``interface``: how refusals name the options (``--class-weights`` by default; the
+    builder passes its build's, so ``shardprep.build`` is told ``class_weights=``).
 
     Raises:
         PlanError: fewer than two classes with samples, unknown class, negative or
             all-zero weights, a file that is not a JSON mapping, or (inline) unnamed
             classes without ``allow_zero``.
     """
+    option = interface.option
     present = np.array(counts, dtype=np.float64) > 0
     if present.sum() < 2:
         held = ", ".join(repr(class_names[c]) for c in np.flatnonzero(present)) or "none"
@@ -45,24 +54,27 @@ def parse_class_weights(
     elif spec == "sqrt":
         weights = np.sqrt(np.array(counts, dtype=np.float64))
     else:
-        mapping = _read_mapping(spec)
+        mapping = _read_mapping(spec, interface)
         unknown = sorted(set(mapping) - set(class_names))
         if unknown:
             raise PlanError(
-                f"--class-weights names unknown class(es) {', '.join(map(repr, unknown))}; "
+                f"{option('class_weights')} names unknown class(es) {', '.join(map(repr, unknown))}; "
                 f"the classes are: {', '.join(class_names)}"
             )
         missing = [c for c in class_names if c not in mapping]
         if missing and not allow_zero:
             raise PlanError(
-                f"--class-weights gives no weight to {', '.join(map(repr, missing))}; name every "
-                "class, or pass --allow-zero-weights to give the others weight 0"
+                f"{option('class_weights')} gives no weight to {', '.join(map(repr, missing))}; "
+                f"name every class, or pass {option('allow_zero_weights')} to give the others "
+                "weight 0"
             )
         weights = np.array([mapping.get(c, 0.0) for c in class_names], dtype=np.float64)
     if (weights < 0).any() or not np.isfinite(weights).all():
-        raise PlanError("--class-weights must be finite and non-negative")
+        raise PlanError(f"{option('class_weights')} must be finite and non-negative")
     if weights.sum() <= 0:
-        raise PlanError("--class-weights are all zero; give at least one class a positive weight")
+        raise PlanError(
+            f"{option('class_weights')} are all zero; give at least one class a positive weight"
+        )
     empty = [class_names[c] for c in np.flatnonzero((weights > 0) & ~present)]
     if empty:
         raise PlanError(f"class(es) {', '.join(map(repr, empty))} have no samples to resample from")
@@ -70,17 +82,18 @@ def parse_class_weights(
     return normalised
 
 
-def _read_mapping(spec: str) -> dict[str, float]:
+def _read_mapping(spec: str, interface: Interface) -> dict[str, float]:
+    """The class -> weight pairs of a JSON file or an inline spec."""
+    given = interface.setting("class_weights", spec)  # --class-weights SPEC, class_weights='SPEC'
+    option = interface.option("class_weights")
     if spec.endswith(".json") or os.path.isfile(spec):
         try:
             with open(spec, encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, json.JSONDecodeError) as err:
-            raise PlanError(f"--class-weights {spec}: cannot read a JSON file ({err})") from err
+            raise PlanError(f"{given}: cannot read a JSON file ({err})") from err
         if not isinstance(data, dict):
-            raise PlanError(
-                f"--class-weights {spec}: must be a JSON object of class name to weight"
-            )
+            raise PlanError(f"{given}: must be a JSON object of class name to weight")
         items: list[tuple[Any, Any]] = list(data.items())
     else:
         items = []
@@ -88,22 +101,20 @@ def _read_mapping(spec: str) -> dict[str, float]:
             name, eq, value = part.partition("=")
             if not eq or not name.strip():
                 raise PlanError(
-                    f"--class-weights {spec!r}: expected 'balanced', 'sqrt', a .json file, "
+                    f"{given}: expected 'balanced', 'sqrt', a .json file, "
                     "or name=weight pairs such as 'cat=2,dog=1'"
                 )
             items.append((name.strip(), value.strip()))
     result: dict[str, float] = {}
     for name, value in items:
         if str(name) in result:
-            raise PlanError(f"--class-weights names class {name!r} twice")
+            raise PlanError(f"{option} names class {name!r} twice")
         if isinstance(value, bool):
-            raise PlanError(f"--class-weights: weight of {name!r} is not a number: {value!r}")
+            raise PlanError(f"{option}: weight of {name!r} is not a number: {value!r}")
         try:
             result[str(name)] = float(value)
         except (TypeError, ValueError) as err:
-            raise PlanError(
-                f"--class-weights: weight of {name!r} is not a number: {value!r}"
-            ) from err
+            raise PlanError(f"{option}: weight of {name!r} is not a number: {value!r}") from err
     return result
 
 

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from shardprep.format.errors import DuplicateKeyError, InputError
 from shardprep.format.shardformat import MANIFEST_NAME
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import Inventory, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
@@ -43,8 +44,11 @@ class InputFormat(str, Enum):
     TAR = "tar"
 
 
-def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) -> InputFormat:
-    """Decide the layout of ``raw`` from its top level (see docs/cli.md for the rules).
+def detect_format(
+    raw: str, storage_options: Mapping[str, Any] | None = None, interface: Interface = CLI
+) -> InputFormat:
+    """Decide the layout of ``raw`` from its top level (see docs/cli.md for the rules;
+    ``interface``: how refusals name the options, ``--format`` or ``input_format=``).
 
     ``raw`` is a path or a URL prefix (``s3://bucket/train``): the same rules read the top
     level of either (:func:`~shardprep.scan.prefix.top_level`: a scandir, or one listing).
@@ -69,7 +73,9 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
             other data files): the message asks for ``--format``; a URL whose storage
             cannot be reached.
     """
-    top = top_level(raw, storage_options)  # raises for a missing RAW, an unreachable store
+    top = top_level(
+        raw, storage_options, interface
+    )  # raises for a missing RAW, an unreachable store
     if top.is_file:
         lower = raw.lower()
         if lower.endswith((".csv", ".tsv", ".jsonl", ".ndjson")):
@@ -92,34 +98,35 @@ def detect_format(raw: str, storage_options: Mapping[str, Any] | None = None) ->
     if shards and all(n.endswith(".tar") for n in shards):
         return InputFormat.TAR
     data = [n for n in files if not is_sidecar(n)]  # README, _SUCCESS, *.crc ... aside
-    if _parquet_data(raw, raw, data):
+    if _parquet_data(raw, raw, data, interface):
         return InputFormat.PARQUET
     first: list[str] | None = None
     if not data and folders:  # the data lie in folders: Parquet if the first one's are
         tables = [f for f in folders if not f.startswith("_")]  # Spark's _temporary aside
-        found = first_folder(raw, storage_options, TopLevel(False, [], tables))
+        found = first_folder(raw, storage_options, TopLevel(False, [], tables), interface)
         if found is not None:
             where, first = found
-            if _parquet_data(raw, where, first):
+            if _parquet_data(raw, where, first, interface):
                 return InputFormat.PARQUET
     if files and (not folders or any(is_label_file(n) for n in files)):
         return InputFormat.KEYED
     if files:
+        fmt = interface.setting
         raise InputError(
             f"{raw}: ambiguous layout: the top level holds files (e.g. {files[0]!r}) and "
-            f"folders (e.g. {folders[0]!r}) but no .cls labels; pass --format keyed to read "
-            "every file as keyed samples, or move the files out to read the folders as "
-            "classes (--format class-folders)",
+            f"folders (e.g. {folders[0]!r}) but no .cls labels; pass "
+            f"{fmt('input_format', 'keyed')} to read every file as keyed samples, or move the "
+            f"files out to read the folders as classes ({fmt('input_format', 'class-folders')})",
             raw,
         )
     if first is None or any(f.startswith("_") for f in folders):
-        labelled = first_files_have_labels(raw, storage_options, top)
+        labelled = first_files_have_labels(raw, storage_options, top, interface)
     else:  # (the same first folder: listed once)
         labelled = any(is_label_file(n) for n in first)
     return InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
 
 
-def _parquet_data(raw: str, where: str, names: list[str]) -> bool:
+def _parquet_data(raw: str, where: str, names: list[str], interface: Interface = CLI) -> bool:
     """True if the data files ``names`` (sidecars aside) of the folder ``where`` are
     Parquet, False if none is.
 
@@ -132,11 +139,12 @@ def _parquet_data(raw: str, where: str, names: list[str]) -> bool:
         return False
     other = next((n for n in data if not is_parquet_name(n)), None)
     if other is not None:
+        fmt = interface.setting
         raise InputError(
             f"{raw}: ambiguous layout: {'the top level' if where == raw else where} holds "
-            f".parquet files (e.g. {parquet[0]!r}) and "
-            f"other files (e.g. {other!r}); pass --format parquet to read the .parquet files "
-            "alone (one sample per row; the others are skipped), or --format keyed to read "
+            f".parquet files (e.g. {parquet[0]!r}) and other files (e.g. {other!r}); pass "
+            f"{fmt('input_format', 'parquet')} to read the .parquet files alone (one sample "
+            f"per row; the others are skipped), or {fmt('input_format', 'keyed')} to read "
             "every file as a sample",
             raw,
         )
@@ -157,6 +165,7 @@ def scan(
     part_sink: SinkFactory = InventoryBuilder,
     key_column: str | None = None,
     scratch: str | None = None,
+    interface: Interface = CLI,
 ) -> InventoryView:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
@@ -178,7 +187,10 @@ def scan(
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
     ``--format`` (keyed files merging two parts of the same type, class
-    folders whose files collide on a key) instead of guessed.
+    folders whose files collide on a key, a ``.parquet`` file among keyed files or class
+    folders) instead of guessed. ``interface`` is how messages name the build's options
+    (``--format`` for the CLI, ``input_format=`` for ``shardprep.build``; it travels with
+    the class-folder tasks).
 
     Raises:
         InputError: the input is unusable or ambiguous; the message lists the offending paths.
@@ -186,7 +198,7 @@ def scan(
     """
     fmt = InputFormat(fmt)
     if fmt is InputFormat.AUTO:
-        fmt, detected = detect_format(raw, storage_options), True
+        fmt, detected = detect_format(raw, storage_options, interface), True
     elif is_url(raw) and fmt is InputFormat.LISTING:
         raise InputError(
             f"{raw}: a listing is read from a local file (its rows may name URLs); copy it "
@@ -196,24 +208,28 @@ def scan(
     elif not is_url(raw) and not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
     elif fmt is InputFormat.KEYED:  # (class folders and tars list the top level anyway)
-        top_level(raw, storage_options)  # a URL prefix with no objects: refused as missing
+        top_level(
+            raw, storage_options, interface
+        )  # a URL prefix with no objects: refused as missing
     count: Callable[[int], None] = tick or (lambda _n: None)
     root = raw.rstrip("/") if is_url(raw) else os.path.abspath(raw)  # a folder or URL prefix
     options = storage_options
     if fmt is InputFormat.LISTING:
-        inventory = scan_listing(raw, count, path_column, label_column, ordered_map, options, sink)
+        inventory = scan_listing(
+            raw, count, path_column, label_column, ordered_map, options, sink, interface
+        )
     elif fmt is InputFormat.CLASS_FOLDERS:
         inventory = scan_class_folders(
-            root, count, workers, ordered_map, sink, part_sink, options, strict=detected
+            root, count, workers, ordered_map, sink, part_sink, options, detected, interface
         )
     elif fmt is InputFormat.PARQUET:
         inventory = scan_parquet(
-            raw, count, scratch, label_column, key_column, options, sink, strict=detected
+            raw, count, scratch, label_column, key_column, options, sink, detected, interface
         )
     elif fmt is InputFormat.KEYED:
-        inventory = scan_keyed_files(root, count, not detected, sink, options)
+        inventory = scan_keyed_files(root, count, not detected, sink, options, interface)
     else:
-        inventory = scan_tar_shards(root, count, ordered_map, sink, options)
+        inventory = scan_tar_shards(root, count, ordered_map, sink, options, interface)
     if not len(inventory):
         raise InputError(f"{raw}: no samples found", raw)
     try:
@@ -226,7 +242,8 @@ def scan(
             f"{first!r} and {second!r} become one sample key {err.key!r}: {raw} was read as "
             "class folders (its top level holds only folders and no .cls labels), one file "
             "per sample. If files sharing a name are parts of one sample, this is keyed data: "
-            "pass --format keyed; if they are separate samples, rename one of them",
+            f"pass {interface.setting('input_format', 'keyed')}; if they are separate "
+            "samples, rename one of them",
             first,
         ) from err
     return inventory

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from shardprep.format.errors import InputError
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
 from shardprep.scan.parquet import is_parquet_name
@@ -21,18 +22,22 @@ from shardprep.workers import worker_pool
 __all__ = ["scan_class_folders"]
 
 
-def class_folder_names(root: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Sorted non-hidden sub-folders of ``root`` (a folder or a URL prefix).
+def class_folder_names(
+    root: str, storage_options: Mapping[str, Any] | None = None, interface: Interface = CLI
+) -> list[str]:
+    """Sorted non-hidden sub-folders of ``root`` (a folder or a URL prefix; ``interface``: how
+    the refusal names ``--format``).
 
     Raises:
         InputError: ``root`` also holds files (then it is not a class-folder layout), or a
             folder's name is not UTF-8 (it becomes a class name in manifest.json).
     """
-    top = top_level(root, storage_options)
+    top = top_level(root, storage_options, interface)
     if top.files:
         raise InputError(
             f"{root}: class-folder input must contain only folders, but it has files "
-            f"such as {top.files[0][0]!r}; move them into a class folder or use --format keyed",
+            f"such as {top.files[0][0]!r}; move them into a class folder or use "
+            f"{interface.setting('input_format', 'keyed')}",
             path=root,
         )
     for name in top.folders:
@@ -67,11 +72,13 @@ def scan_class_folders(
     part_sink: SinkFactory = InventoryBuilder,
     storage_options: Mapping[str, Any] | None = None,
     strict: bool = False,
+    interface: Interface = CLI,
 ) -> InventoryView:
     """Inventory of every file below ``root/<class>/``; ``tick(n)`` reports progress.
 
     ``strict`` (the layout was detected) refuses a ``.parquet`` file: a Parquet file is
-    never one sample on a guess (``--format class-folders`` says it is).
+    never one sample on a guess (``--format class-folders`` says it is). ``interface``: how
+    refusals name the options (it travels with each task: a frozen dataclass, picklable).
 
     ``root`` is a folder or a URL prefix (one paginated listing per class folder, with
     ``storage_options``: :func:`~shardprep.scan.prefix.walk_input`).
@@ -85,11 +92,14 @@ def scan_class_folders(
     ``part_sink`` what a parallel task collects its class folder in (on disk
     too when the tasks run on this machine: ``StoreFolder``).
     """
-    classes = class_folder_names(root, storage_options)
+    classes = class_folder_names(root, storage_options, interface)
     builder = sink(root, False)
     problems = Problems()
     options = dict(storage_options) if storage_options else None  # travels with each task
-    jobs = [(root, label, name, part_sink, options, strict) for label, name in enumerate(classes)]
+    jobs = [
+        (root, label, name, part_sink, options, strict, interface)
+        for label, name in enumerate(classes)
+    ]
     if ordered_map is not None:
         results: Iterator[tuple[InventorySink, Problems]] = iter(ordered_map(_scan_class, jobs))
         for part, part_problems in results:  # merged one at a time, in class order
@@ -105,7 +115,7 @@ def scan_class_folders(
     else:
         for job in jobs:
             before = len(builder)
-            _scan_class_into(job[:3], builder, problems, options, strict)
+            _scan_class_into(job[:3], builder, problems, options, strict, interface)
             tick(len(builder) - before)
     problems.raise_if_any()
     return builder.freeze(tuple(classes))
@@ -125,15 +135,17 @@ def _merge(
 
 def _scan_class(
     job: tuple[str, int, str, SinkFactory, Mapping[str, Any] | None]
-    | tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool],
+    | tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool]
+    | tuple[str, int, str, SinkFactory, Mapping[str, Any] | None, bool, Interface],
 ) -> tuple[InventorySink, Problems]:
     """Scan one class folder into its own part (runs in a worker process when parallel);
-    ``job``: (root, label, folder name, part sink, storage options[, strict])."""
+    ``job``: (root, label, folder name, part sink, storage options[, strict[, interface]])."""
     root, label, name, part_sink, options = job[:5]
     strict = len(job) > 5 and bool(job[5])
+    interface = job[6] if len(job) > 6 else CLI
     builder = part_sink(root, False)
     problems = Problems()
-    _scan_class_into((root, label, name), builder, problems, options, strict)
+    _scan_class_into((root, label, name), builder, problems, options, strict, interface)
     return builder.finish_part(), problems
 
 
@@ -143,12 +155,13 @@ def _scan_class_into(
     problems: Problems,
     storage_options: Mapping[str, Any] | None = None,
     strict: bool = False,
+    interface: Interface = CLI,
 ) -> None:
     """Add every file of one class folder to ``builder``, in sorted order (``strict``: a
     ``.parquet`` file refused)."""
     root, label, name = job
     before = len(builder)
-    for entry in walk_input(join(root, name), problems, storage_options):
+    for entry in walk_input(join(root, name), problems, storage_options, interface):
         rel_dir = f"{name}/{entry.rel_dir}" if entry.rel_dir else name
         stem, dot, ext = entry.name.rpartition(".")
         if not dot or not stem:
@@ -171,8 +184,9 @@ def _scan_class_into(
                 join(root, rel_dir, entry.name),
                 "a Parquet file in class folders (the first class folder holds no Parquet, so "
                 "the input was read as class folders); a Parquet file is never read as one "
-                "sample on a guess: pass --format parquet to read rows as samples, or "
-                "--format class-folders to take each file as one sample",
+                f"sample on a guess: pass {interface.setting('input_format', 'parquet')} to read "
+                f"rows as samples, or {interface.setting('input_format', 'class-folders')} to "
+                "take each file as one sample",
             )
             continue
         builder.add(f"{rel_dir}/{stem}", label, [(ext, entry.size, -1)])

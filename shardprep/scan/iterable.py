@@ -44,6 +44,7 @@ from shardprep.format.shardformat import (
     padding,
     tar_header,
 )
+from shardprep.interface import PYTHON, Interface
 from shardprep.keys import is_valid_key
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable, label_text
 
@@ -74,10 +75,12 @@ def spill_samples(
     reserved: frozenset[str] = frozenset(),
     file_bytes: int | None = None,
     file_samples: int | None = None,
+    interface: Interface = PYTHON,
 ) -> Spilled:
     """Write every sample of ``samples`` into ``folder/iterable-NNNNN.tar``; ``tick(1)`` each.
 
-    ``reserved`` are extensions the build adds itself (``weight`` with --weights-only).
+    ``reserved`` are extensions the build adds itself (``weight`` with ``weights_only=True``;
+    ``interface``: how the refusal names that option, as the build's caller gives it).
     A new file starts every ``file_bytes`` / ``file_samples`` (default FILE_BYTES / FILE_SAMPLES).
     Duplicate keys are left to the scan's check (bounded memory, any number of samples).
 
@@ -93,7 +96,7 @@ def spill_samples(
     exts: set[str] = set()
     try:
         for position, sample in enumerate(samples):
-            key, members, (label, is_int) = _check_sample(position, sample, reserved)
+            key, members, (label, is_int) = _check_sample(position, sample, reserved, interface)
             labels.check(key, label, is_int)
             _check_extension_count(key, members, exts)
             spill.add(key, members, label)
@@ -104,7 +107,7 @@ def spill_samples(
 
 
 def _check_sample(
-    position: int, sample: Any, reserved: frozenset[str]
+    position: int, sample: Any, reserved: frozenset[str], interface: Interface = PYTHON
 ) -> tuple[str, list[tuple[str, bytes]], tuple[str | None, bool]]:
     """(key, members sorted by extension, (label text or None, was an int)), or InputError."""
     if not isinstance(sample, Mapping):
@@ -143,7 +146,7 @@ def _check_sample(
         if field in reserved:
             raise InputError(
                 f"sample {key!r}: the member {field!r} would clash with the one the build "
-                f"adds itself (--weights-only writes .{field}); rename it"
+                f"adds itself ({interface.setting('weights_only')} writes .{field}); rename it"
             )
         members.append((field, _payload(key, field, sample[field])))
     if not members:

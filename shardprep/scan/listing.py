@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardprep.format.errors import InputError
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.remote_input import remote_sizes
 from shardprep.scan.class_folders import OrderedMap
@@ -80,8 +81,10 @@ def scan_listing(
     ordered_map: OrderedMap | None = None,
     storage_options: Mapping[str, Any] | None = None,
     sink: SinkFactory = InventoryBuilder,
+    interface: Interface = CLI,
 ) -> InventoryView:
-    """Inventory of the files a listing names.
+    """Inventory of the files a listing names (``interface``: how refusals name the options,
+    ``--path-column`` or ``path_column=``).
 
     ``label_column=None`` uses a ``label`` column when the listing has one.
     The rows are read here and checked and stat-ed in chunks of
@@ -102,7 +105,7 @@ def scan_listing(
     labels, problems = LabelTable(), Problems()
     labelled_line, unlabelled = 0, 0
     unlabelled_lines: list[int] = []
-    chunks = _chunks(listing, path_column, label_column)
+    chunks = _chunks(listing, path_column, label_column, interface)
     header = next(chunks, None)
     if header is None:
         raise InputError(f"{listing}: the listing has no rows", listing)
@@ -143,7 +146,9 @@ def scan_listing(
     return labels.freeze(builder)
 
 
-def _chunks(listing: str, path_column: str, label_column: str | None) -> Iterator[Any]:
+def _chunks(
+    listing: str, path_column: str, label_column: str | None, interface: Interface = CLI
+) -> Iterator[Any]:
     """First (path column, label column or "", "protocol://" or ""), then lists of CHUNK_ROWS rows.
 
     Raises:
@@ -157,7 +162,7 @@ def _chunks(listing: str, path_column: str, label_column: str | None) -> Iterato
     if path_column not in row:
         raise InputError(
             f"{listing}:{number}: no {path_column!r} column (columns: {', '.join(map(str, row))}); "
-            "name the path column with --path-column",
+            f"name the path column with {interface.option('path_column')}",
             listing,
         )
     if label_column is None:

@@ -52,6 +52,7 @@ import numpy as np
 
 from shardprep.format.errors import InputError, OutputError, ShardprepError
 from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
 from shardprep.scan.walk import Tick
@@ -120,7 +121,10 @@ def _import_pyarrow() -> Any:
 
 
 def list_parquet(
-    raw: str, storage_options: Mapping[str, Any] | None = None, strict: bool = False
+    raw: str,
+    storage_options: Mapping[str, Any] | None = None,
+    strict: bool = False,
+    interface: Interface = CLI,
 ) -> list[str]:
     """The Parquet files of ``raw`` (a file, a folder or a URL prefix), sorted by path.
 
@@ -134,7 +138,7 @@ def list_parquet(
             be listed (naming it).
     """
     if is_url(raw):
-        fs, path = open_url(raw, storage_options)
+        fs, path = open_url(raw, storage_options, interface)
         path = path.rstrip("/")
         protocol = raw[: raw.index("://") + 3]
         try:
@@ -142,7 +146,7 @@ def list_parquet(
                 return [raw]
             found = sorted(p for p in fs.find(path) if p.startswith(path + "/") and p[-1] != "/")
         except Exception as err:  # a backend's own transport errors are not all OSErrors
-            raise InputError(describe_error(raw, err), raw) from err
+            raise InputError(describe_error(raw, err, interface), raw) from err
         names = [protocol + p for p in found if not _skipped_folder(p[len(path) :])]
     elif os.path.isfile(raw):
         return [os.path.abspath(raw)]
@@ -160,8 +164,9 @@ def list_parquet(
         raise InputError(
             f"{others[0]}{more}: not a Parquet file, in {raw}, whose data files are Parquet "
             "(README*, dataset_info.json, _SUCCESS and other _* names, *.crc are skipped "
-            "beside them); pass --format parquet to read the .parquet files alone (the "
-            "others are skipped), or move the other files out of the input",
+            f"beside them); pass {interface.setting('input_format', 'parquet')} to read the "
+            ".parquet files alone (the others are skipped), or move the other files out of the "
+            "input",
             others[0],
         )
     if not files:
@@ -213,6 +218,7 @@ def _columns(
     key_column: str | None,
     label_column: str | None,
     partitions: tuple[str, ...] = (),
+    interface: Interface = CLI,
 ) -> _Columns:
     """Classify the columns of an Arrow schema and the file's Hive ``partitions`` (names).
 
@@ -224,11 +230,11 @@ def _columns(
 
     in_file = tuple(p for p in partitions if p in schema.names)
     names = list(schema.names) + [p for p in partitions if p not in in_file]
-    for given, what, flag in ((key_column, "key", "--key-column"), (label_column, "label", "")):
+    for given, what in ((key_column, "key"), (label_column, "label")):
         if given is not None and given not in names:
             raise ParquetInputError(
                 f"{where}: no {what} column {given!r} (columns: {', '.join(names)}); "
-                f"name an existing column with {flag or '--label-column'}",
+                f"name an existing column with {interface.option(f'{what}_column')}",
                 where,
             )
     key = key_column if key_column is not None else next((k for k in KEY_COLUMNS if k in names), "")
@@ -241,7 +247,7 @@ def _columns(
         raise ParquetInputError(
             f"{where}: the key column {key!r} is a partition folder ({key}=...), which one "
             "value names for every row below it: give the rows a key column of their own, or "
-            "leave out --key-column to number them",
+            f"leave out {interface.option('key_column')} to number them",
             where,
         )
     binary, structs = [], []
@@ -406,8 +412,10 @@ def scan_parquet(
     storage_options: Mapping[str, Any] | None = None,
     sink: SinkFactory = InventoryBuilder,
     strict: bool = False,
+    interface: Interface = CLI,
 ) -> InventoryView:
-    """Inventory of every row of the Parquet files at ``raw``, their payloads spilled.
+    """Inventory of every row of the Parquet files at ``raw``, their payloads spilled
+    (``interface``: how refusals name the options, ``--key-column`` or ``key_column=``).
 
     ``strict`` (a detected layout) refuses files other than Parquet and sidecars
     (:func:`list_parquet`). Hive partition folders are columns of their rows (module doc).
@@ -425,7 +433,7 @@ def scan_parquet(
         OutputError: the scratch folder is full.
     """
     pq = _import_pyarrow()
-    files = list_parquet(raw, storage_options, strict)
+    files = list_parquet(raw, storage_options, strict, interface)
     base = _base(raw, files)
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable(ParquetInputError)
@@ -434,10 +442,12 @@ def scan_parquet(
     first: tuple[str, _Columns] | None = None
     for location in files:
         rel = location[len(base) :].lstrip("/") if location != base else _basename(location)
-        with _open(pq, location, storage_options) as parquet:
+        with _open(pq, location, storage_options, interface) as parquet:
             where = location
             folders = dict(partition_columns(rel))
-            columns = _columns(parquet.schema_arrow, where, key_column, label_column, (*folders,))
+            columns = _columns(
+                parquet.schema_arrow, where, key_column, label_column, (*folders,), interface
+            )
             if first is None:
                 first = (where, columns)
                 builder = sink(root, bool(columns.meta))
@@ -449,7 +459,10 @@ def scan_parquet(
                 )
             spill = _Spill(_spill_path(root, rel, location))
             try:
-                for rows in _read(parquet, columns, where, rel, labels, spill, seen, folders):
+                rows_of = _read(
+                    parquet, columns, where, rel, labels, spill, seen, folders, interface
+                )
+                for rows in rows_of:
                     for stem, label, parts, meta in rows:
                         builder.add(stem, label, parts, spill.path, meta)
                     tick(len(rows))
@@ -488,8 +501,15 @@ def _basename(location: str) -> str:
 class _open:  # noqa: N801 (a context manager used like a function)
     """A ``pyarrow.parquet.ParquetFile`` of a path or URL, closed (with its fsspec file) on exit."""
 
-    def __init__(self, pq: Any, location: str, storage_options: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self,
+        pq: Any,
+        location: str,
+        storage_options: Mapping[str, Any] | None,
+        interface: Interface = CLI,
+    ) -> None:
         self._pq, self._location, self._options = pq, location, storage_options
+        self._interface = interface
         self._handle: Any = None
         self._parquet: Any = None
 
@@ -499,7 +519,7 @@ class _open:  # noqa: N801 (a context manager used like a function)
         location = self._location
         try:
             if is_url(location):
-                fs, path = open_url(location, self._options)
+                fs, path = open_url(location, self._options, self._interface)
                 self._handle = fs.open(path, "rb", block_size=READ_BUFFER)
                 source: Any = self._handle
             else:
@@ -523,7 +543,9 @@ class _open:  # noqa: N801 (a context manager used like a function)
             raise
         except Exception as err:
             self._close()
-            raise ParquetInputError(describe_error(location, err), location) from err
+            raise ParquetInputError(
+                describe_error(location, err, self._interface), location
+            ) from err
         return self._parquet
 
     def __exit__(self, *_exc: object) -> None:
@@ -548,6 +570,7 @@ def _read(
     spill: _Spill,
     seen: set[str],
     folders: Mapping[str, str | None] | None = None,
+    interface: Interface = CLI,
 ) -> Iterator[list[_Row]]:
     """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled.
 
@@ -580,12 +603,14 @@ def _read(
             for i in range(n):
                 number = row + i
                 if keys is not None:
-                    stem = _key_stem(keys[i], where, number, columns.key)
+                    stem = _key_stem(keys[i], where, number, columns.key, interface)
                 else:
                     stem = f"{stem_prefix}-{number:09d}"
                 label = UNLABELLED
                 if label_values is not None:
-                    value = _label_value(label_values[i], where, number, stem, columns.label)
+                    value = _label_value(
+                        label_values[i], where, number, stem, columns.label, interface
+                    )
                     label = labels.intern(
                         value,
                         f"{where}: row {number} (key {stem!r})",
@@ -771,11 +796,12 @@ def _spill_binary(values: Any, exts: list[str], spill: _Spill) -> list[_Part | N
     return [(exts[i], sizes[i], starts[i]) if valid is None or valid[i] else None for i in range(n)]
 
 
-def _key_stem(value: Any, where: str, number: int, column: str) -> str:
+def _key_stem(value: Any, where: str, number: int, column: str, interface: Interface = CLI) -> str:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ParquetInputError(
             f"{where}: row {number}: the key column {column!r} is null or empty; give every "
-            "row a key, or leave out --key-column and drop the column to number the rows",
+            f"row a key, or leave out {interface.option('key_column')} and drop the column to "
+            "number the rows",
             where,
         )
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -787,12 +813,15 @@ def _key_stem(value: Any, where: str, number: int, column: str) -> str:
     return str(value)
 
 
-def _label_value(value: Any, where: str, number: int, stem: str, column: str) -> Any:
+def _label_value(
+    value: Any, where: str, number: int, stem: str, column: str, interface: Interface = CLI
+) -> Any:
     """The row's label value, refused where null or empty (the label rule checks the rest)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ParquetInputError(
             f"{where}: row {number} (key {stem!r}): the label column {column!r} is null or "
-            "empty; label every row, or name another column with --label-column",
+            f"empty; label every row, or name another column with "
+            f"{interface.option('label_column')}",
             where,
         )
     return value

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardprep.format.errors import InputError, ShardprepError
+from shardprep.interface import CLI, Interface
 from shardprep.scan.walk import FileEntry, Problems, walk_files
-from shardprep.storage import describe_error, is_url, open_url
+from shardprep.storage import describe_error, endpoint_hint, is_url, open_url
 
 __all__ = [
     "CONTACT_TIMEOUT_S",
@@ -64,7 +65,9 @@ def join(top: str, *names: str) -> str:
     return os.path.join(top, *names)
 
 
-def top_level(raw: str, storage_options: Mapping[str, Any] | None = None) -> TopLevel:
+def top_level(
+    raw: str, storage_options: Mapping[str, Any] | None = None, interface: Interface = CLI
+) -> TopLevel:
     """The file at ``raw``, or the names directly in the folder or prefix ``raw``.
 
     Raises:
@@ -72,7 +75,7 @@ def top_level(raw: str, storage_options: Mapping[str, Any] | None = None) -> Top
             cannot be reached or listed; the message names ``raw`` and what to check.
     """
     if is_url(raw):
-        return _url_top_level(raw, storage_options)
+        return _url_top_level(raw, storage_options, interface)
     if not os.path.exists(raw):
         raise InputError(f"{raw}: no such file or folder", raw)
     if os.path.isfile(raw):
@@ -90,14 +93,16 @@ def top_level(raw: str, storage_options: Mapping[str, Any] | None = None) -> Top
     return TopLevel(False, sorted(files), sorted(folders))
 
 
-def _url_top_level(url: str, storage_options: Mapping[str, Any] | None) -> TopLevel:
-    fs, path = open_url(url, storage_options)
+def _url_top_level(
+    url: str, storage_options: Mapping[str, Any] | None, interface: Interface = CLI
+) -> TopLevel:
+    fs, path = open_url(url, storage_options, interface)
     path = path.rstrip("/")
     try:
-        entries = bounded(lambda: fs.ls(path, detail=True), url)
+        entries = bounded(lambda: fs.ls(path, detail=True), url, interface=interface)
     except FileNotFoundError as err:
         if "bucket" in str(err).lower():
-            raise InputError(describe_error(url, err), url) from err
+            raise InputError(describe_error(url, err, interface), url) from err
         raise InputError(
             f"{url}: no objects under this prefix (it is empty or does not exist); "
             "point RAW at the dataset",
@@ -106,7 +111,7 @@ def _url_top_level(url: str, storage_options: Mapping[str, Any] | None) -> TopLe
     except ShardprepError:
         raise
     except Exception as err:  # a backend's transport errors are not all OSErrors
-        raise InputError(describe_error(url, err), url) from err
+        raise InputError(describe_error(url, err, interface), url) from err
     files: list[tuple[str, int]] = []
     folders: list[str] = []
     for entry in entries:
@@ -123,8 +128,11 @@ def _url_top_level(url: str, storage_options: Mapping[str, Any] | None) -> TopLe
     return TopLevel(False, sorted(files), sorted(set(folders)))
 
 
-def bounded(call: Callable[[], T], url: str, timeout: float | None = None) -> T:
-    """``call()``, awaited at most ``timeout`` (default ``CONTACT_TIMEOUT_S``) seconds in all.
+def bounded(
+    call: Callable[[], T], url: str, timeout: float | None = None, interface: Interface = CLI
+) -> T:
+    """``call()``, awaited at most ``timeout`` (default ``CONTACT_TIMEOUT_S``) seconds in all
+    (``interface``: how the refusal names the storage options and the way to run again).
 
     On timeout the request is left to finish in a daemon thread (it only reads).
 
@@ -146,8 +154,8 @@ def bounded(call: Callable[[], T], url: str, timeout: float | None = None) -> T:
     if not result:
         raise InputError(
             f"{url}: no answer from the storage within {limit:g} s; check the endpoint "
-            "(--storage-option 'client_kwargs={\"endpoint_url\": ...}' or AWS_ENDPOINT_URL), "
-            "the network and the credentials, then run the same command again",
+            f"({endpoint_hint(interface)}), the network and the credentials, then "
+            f"{interface.again()}",
             url,
         )
     ok, value = result[0]
@@ -158,7 +166,10 @@ def bounded(call: Callable[[], T], url: str, timeout: float | None = None) -> T:
 
 
 def first_files(
-    raw: str, storage_options: Mapping[str, Any] | None = None, top: TopLevel | None = None
+    raw: str,
+    storage_options: Mapping[str, Any] | None = None,
+    top: TopLevel | None = None,
+    interface: Interface = CLI,
 ) -> list[str] | None:
     """The file names of the first folder below ``raw`` that holds files, or None if none does.
 
@@ -166,26 +177,32 @@ def first_files(
     the order the scanners read in. Lists only as many folders as it takes (``top``: the top
     level of ``raw``, if the caller has it already).
     """
-    found = first_folder(raw, storage_options, top)
+    found = first_folder(raw, storage_options, top, interface)
     return None if found is None else found[1]
 
 
 def first_folder(
-    raw: str, storage_options: Mapping[str, Any] | None = None, top: TopLevel | None = None
+    raw: str,
+    storage_options: Mapping[str, Any] | None = None,
+    top: TopLevel | None = None,
+    interface: Interface = CLI,
 ) -> tuple[str, list[str]] | None:
     """(its path, its file names) of the folder :func:`first_files` finds, or None."""
-    top = top or top_level(raw, storage_options)
+    top = top or top_level(raw, storage_options, interface)
     if top.files:
         return raw, top.file_names
     for folder in top.folders:
-        found = first_folder(join(raw, folder), storage_options)
+        found = first_folder(join(raw, folder), storage_options, None, interface)
         if found is not None:
             return found
     return None
 
 
 def walk_input(
-    top: str, problems: Problems, storage_options: Mapping[str, Any] | None = None
+    top: str,
+    problems: Problems,
+    storage_options: Mapping[str, Any] | None = None,
+    interface: Interface = CLI,
 ) -> Iterator[FileEntry]:
     """Every non-hidden file below the folder or URL prefix ``top``, in walk_files' order.
 
@@ -194,12 +211,12 @@ def walk_input(
     if not is_url(top):
         yield from walk_files(top, problems)
         return
-    fs, path = open_url(top, storage_options)
+    fs, path = open_url(top, storage_options, interface)
     path = path.rstrip("/")
     try:
         found = fs.find(path, detail=True)
     except Exception as err:  # a backend's transport errors are not all OSErrors
-        problems.add(top, f"cannot list the prefix ({describe_error(top, err)})")
+        problems.add(top, f"cannot list the prefix ({describe_error(top, err, interface)})")
         return
     tree = _Folder()
     for name, info in found.items():

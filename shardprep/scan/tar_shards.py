@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardprep.format.errors import InputError
+from shardprep.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable, cls_file_text
@@ -29,10 +30,12 @@ __all__ = ["list_tar_shards", "scan_tar_shards"]
 LABEL_EXT = "cls"
 
 
-def list_tar_shards(raw: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def list_tar_shards(
+    raw: str, storage_options: Mapping[str, Any] | None = None, interface: Interface = CLI
+) -> list[str]:
     """The ``.tar`` files to read: ``raw`` itself, or every ``*.tar`` in the folder or URL
     prefix, sorted."""
-    top = top_level(raw, storage_options)
+    top = top_level(raw, storage_options, interface)
     url = is_url(raw)
     if top.is_file:
         return [raw if url else os.path.abspath(raw)]
@@ -54,8 +57,10 @@ def scan_tar_shards(
     ordered_map: OrderedMap | None = None,
     sink: SinkFactory = InventoryBuilder,
     storage_options: Mapping[str, Any] | None = None,
+    interface: Interface = CLI,
 ) -> InventoryView:
-    """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress.
+    """Inventory of every sample in the tar shards at ``raw``; ``tick(n)`` reports progress
+    (``interface``: how storage hints name the options; it travels with each task).
 
     ``raw`` may be a URL (a tar object, or a prefix of them): each tar is then read through
     fsspec with ``storage_options``, headers only in blocks of ``URL_BLOCK`` bytes
@@ -66,7 +71,7 @@ def scan_tar_shards(
     tar order with their label texts interned in that order, so the result is
     the same as a serial scan.
     """
-    tars = list_tar_shards(raw, storage_options)
+    tars = list_tar_shards(raw, storage_options, interface)
     if is_url(raw):
         root = posixpath.dirname(tars[0]) if tars == [raw] else raw.rstrip("/")
     else:
@@ -75,7 +80,7 @@ def scan_tar_shards(
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
     options = dict(storage_options) if storage_options else None  # travels with each task
-    jobs = [(root, tar_path, options) for tar_path in tars]
+    jobs = [(root, tar_path, options, interface) for tar_path in tars]
     parts = ordered_map(_scan_tar, jobs) if ordered_map is not None else map(_scan_tar, jobs)
     for part in parts:  # merged one at a time, in tar order
         mapping = labels.merge(part.labels)
@@ -105,7 +110,7 @@ URL_BLOCK = 8 << 20  # a remote tar is read in ranged reads of this size (its he
 
 @contextlib.contextmanager
 def _open_tar(
-    tar_path: str, storage_options: Mapping[str, Any] | None
+    tar_path: str, storage_options: Mapping[str, Any] | None, interface: Interface = CLI
 ) -> Iterator[tarfile.TarFile]:
     """The tar at a path or URL, opened for reading headers member by member.
 
@@ -118,7 +123,7 @@ def _open_tar(
         with tarfile.open(tar_path, "r:") as tar:
             yield tar
         return
-    fs, path = open_url(tar_path, storage_options)
+    fs, path = open_url(tar_path, storage_options, interface)
     with (
         fs.open(path, "rb", block_size=URL_BLOCK, cache_type="readahead") as f,
         tarfile.open(fileobj=f, mode="r:") as tar,
@@ -126,14 +131,19 @@ def _open_tar(
         yield tar
 
 
-def _scan_tar(job: tuple[str, str, Mapping[str, Any] | None]) -> _TarPart:
-    """Scan one tar (runs wherever the engine runs tasks)."""
-    root, tar_path, options = job
+def _scan_tar(
+    job: tuple[str, str, Mapping[str, Any] | None]
+    | tuple[str, str, Mapping[str, Any] | None, Interface],
+) -> _TarPart:
+    """Scan one tar (runs wherever the engine runs tasks); ``job``: (root, tar path, storage
+    options[, interface])."""
+    root, tar_path, options = job[:3]
+    interface = job[3] if len(job) > 3 else CLI
     builder = InventoryBuilder(root)
     labels, problems = LabelTable(), Problems()
     unlabelled = 0
     try:
-        with _open_tar(tar_path, options) as tar:
+        with _open_tar(tar_path, options, interface) as tar:
             current, label_text = None, None
             parts: list[tuple[str, int, int]] = []
             for member in tar:
@@ -165,7 +175,7 @@ def _scan_tar(job: tuple[str, str, Mapping[str, Any] | None]) -> _TarPart:
     except InputError:
         raise  # a member or label refused (naming it): not a transport error
     except Exception as err:  # a URL backend's own transport error, not an OSError
-        problems.add(tar_path, f"cannot read ({describe_error(tar_path, err)})")
+        problems.add(tar_path, f"cannot read ({describe_error(tar_path, err, interface)})")
     return _TarPart(builder, labels, problems, unlabelled)
 
 

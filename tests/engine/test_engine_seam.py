@@ -17,11 +17,19 @@ import shardprep
 from shardprep.engine import EngineOptions, open_engine
 from shardprep.engine.faults import TransientWriteError, classify
 from shardprep.engine.local import LocalEngine
-from shardprep.format.errors import InputError, PlanError, StalledError, WriteError
+from shardprep.format.errors import (
+    InputError,
+    PlanError,
+    StalledError,
+    WorkersDiedError,
+    WriteError,
+)
+from shardprep.interface import PYTHON
 from shardprep.inventory import PartRef, SampleRef
 from shardprep.scan import listing, scan
 from tests.conftest import write_class_folders
 from tests.engine.faulty import HOLD_LIMIT_S, faults_in
+from tests.faults.helpers import error_lines, invoke
 from tests.processes import run_bounded
 
 
@@ -66,6 +74,8 @@ def test_unknown_engine_and_a_ray_address_without_ray_are_refused(tmp_path: Path
         shardprep.build(str(tmp_path), str(tmp_path / "out"), shards=1, ray_address="x:1")
     with pytest.raises(PlanError, match="--engine must be one of"):
         open_engine(EngineOptions(name="dask"))
+    with pytest.raises(PlanError, match="^engine= must be one of"):  # the build's interface
+        open_engine(EngineOptions(name="dask", interface=PYTHON))
 
 
 NO_RAY = """
@@ -83,7 +93,20 @@ def test_ray_missing_names_the_extra(tmp_path: Path) -> None:
         [sys.executable, "-c", NO_RAY, str(tmp_path / "raw"), str(tmp_path / "out")], timeout=60
     )
     assert result.returncode == 2, result.stderr
-    assert 'pip install "shardprep[ray]"' in result.stderr
+    assert 'Error: --engine ray needs Ray: pip install "shardprep[ray]"' in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_missing_names_the_keyword_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: "--engine ray needs Ray" for shardprep.build(..., engine="ray") too."""
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.bin").write_bytes(b"x")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(PlanError) as caught:
+        shardprep.build(str(tmp_path / "raw"), str(tmp_path / "out"), shards=1, engine="ray")
+    assert str(caught.value).startswith("engine='ray' needs Ray: pip install \"shardprep[ray]\"")
     assert not (tmp_path / "out").exists()
 
 
@@ -94,7 +117,8 @@ def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    with pytest.raises(PlanError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster answers"):
+    address = f"ray_address='127.0.0.1:{port}': no Ray cluster answers"  # the keyword
+    with pytest.raises(PlanError, match=address):
         shardprep.build(
             str(tmp_path / "raw"),
             str(tmp_path / "out"),
@@ -104,6 +128,11 @@ def test_an_unreachable_ray_address_is_refused_promptly(tmp_path: Path) -> None:
             progress=False,
         )
     assert not (tmp_path / "out").exists()
+    args = ["-n", "1", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}", "-q"]
+    result = invoke("build", str(tmp_path / "raw"), str(tmp_path / "out"), *args)
+    assert result.exit_code == 2, result.output
+    [line] = error_lines(result)
+    assert line.startswith(f"Error: --ray-address 127.0.0.1:{port}: no Ray cluster answers")
 
 
 def test_ray_is_refused_for_an_out_in_this_process_only(tmp_path: Path) -> None:
@@ -118,7 +147,7 @@ def test_ray_is_refused_for_an_out_in_this_process_only(tmp_path: Path) -> None:
         "use engine='local', or an object store or a folder as OUT"
     )
     # A folder (one every node shares) passes that check: the build goes on to the cluster.
-    with pytest.raises(PlanError, match="--ray-address|needs Ray"):
+    with pytest.raises(PlanError, match="^ray_address='127.0.0.1:1'|needs Ray"):
         shardprep.build(str(raw), str(tmp_path / "out"), **options)
     assert not (tmp_path / "out").exists()
 
@@ -303,3 +332,31 @@ def test_a_full_scratch_disk_says_to_set_tmpdir(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert list(scratch.iterdir()) == []  # the scratch folder is removed on the way out
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_writer_that_died_says_how_many_shards_are_kept_and_how_to_resume(
+    tmp_path: Path,
+) -> None:
+    """Was: "the finished shards are kept: ... run the same command with --resume" from the
+    local engine, for shardprep.build too and when none was finished. The engine says how the
+    writer died; the builder adds the count of shards in OUT and the resume as the caller
+    gives it."""
+    raw = write_class_folders(tmp_path / "raw", {"a": 30, "b": 20})
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "crash-0").touch()  # every write of shard 0 ends its worker process
+    out = tmp_path / "out"
+    options = {"shards": 2, "workers": 2, "progress": False}
+    with faults_in(faults), pytest.raises(WorkersDiedError) as caught:
+        shardprep.build(str(raw), str(out), **options)
+    message = str(caught.value)
+    kept = len(list(out.glob("shard-*.tar")))
+    what = f"the {kept} finished shard(s) are kept" if kept else "no shard was finished"
+    assert message.endswith(
+        "the worker process writing it died without an answer (the kernel's out-of-memory "
+        f"killer stopped it: see dmesg); {what}: fix the cause, then call shardprep.build "
+        "again with the same arguments and resume=True"
+    ), message
+    (faults / "crash-0").unlink()
+    shardprep.build(str(raw), str(out), resume=True, **options)  # what the message says
+    assert (out / "manifest.json").exists()

@@ -395,12 +395,14 @@ def test_workers_that_keep_dying_fail_the_build_with_its_own_error(
     finally:
         crash.unlink()
     assert result.exit_code == 1, result.output
+    kept = len(list(out.glob("shard-*.tar")))  # was: "the finished shards are kept", uncounted
     assert error_lines(result) == [
         "Error: shard 2: the Ray worker process running it died on each of its 4 attempts "
-        "(WorkerCrashedError): Ray kills a worker whose node runs out of memory, and a crash "
-        "in native code ends one too (see the worker logs under /tmp/ray/session_latest/logs); "
-        "the finished shards are kept: free memory or give Ray fewer CPUs (--workers), then "
-        "run the same command with --resume"
+        "(WorkerCrashedError): Ray kills a worker whose node runs out of memory (free memory "
+        "or give Ray fewer CPUs with --workers), and a crash in native code ends one too (see "
+        "the worker logs under /tmp/ray/session_latest/logs); "
+        + (f"the {kept} finished shard(s) are kept" if kept else "no shard was finished")
+        + ": fix the cause, then run the same command with --resume"
     ]
     assert _attempts(data).count(2) == 4  # Ray's own retries (max_retries=3), then ours
     assert not (out / "manifest.json").exists()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import shardprep
+from shardprep.format.errors import WriteError
 from tests.conftest import write_class_folders
 from tests.faults.helpers import error_lines, invoke, tree_hashes
 from tests.filesystems import tmpfs
@@ -34,10 +36,33 @@ def test_disk_full_while_writing_shards(tmp_path: Path) -> None:
         [line] = error_lines(result)
         assert line.startswith("Error: shard ")
         assert "no space left on the device" in line
-        assert line.endswith("fix the cause, then run the same command with --resume")
+        assert line.endswith(
+            f"{_kept(out)}: fix the cause, then run the same command with --resume"
+        )
         assert not (out / "manifest.json").exists()
         assert _hidden_partials(out) == []  # the temp files of unfinished shards are removed
         assert (out / ".shardprep-build.json").exists()  # so --resume can continue
+
+
+def _kept(out: Path) -> str:
+    """What the advice says OUT keeps (was: nothing said, or "are kept" with none there)."""
+    kept = len(list(out.glob("shard-*.tar")))
+    return f"the {kept} finished shard(s) are kept" if kept else "no shard was finished"
+
+
+def test_disk_full_in_python_names_resume_true(tmp_path: Path) -> None:
+    """shardprep.build is told its keyword (was: "run the same command with --resume")."""
+    raw = _raw(tmp_path)
+    with tmpfs(tmp_path / "disk", "size=256k") as disk:
+        out = disk / "out"
+        with pytest.raises(WriteError) as caught:
+            shardprep.build(str(raw), str(out), shards=4, workers=2, progress=False)
+        message = str(caught.value)
+        assert message.startswith("shard ") and "no space left on the device" in message
+        assert message.endswith(
+            f"{_kept(out)}: fix the cause, then call shardprep.build again with the same "
+            "arguments and resume=True"
+        ), message
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,7 @@ def test_a_named_column_that_does_not_exist_is_named(
     raw = _write(tmp_path / "raw" / "a.parquet", [f"k{i}" for i in range(6)])
     message = _refused(raw, tmp_path / "out", ParquetInputError, **{option: "nope"})
     assert message.startswith(f"{raw}: no {what} column 'nope' (columns: __key__, jpg)")
+    assert message.endswith(f"name an existing column with {option}=")  # was: --key-column
 
 
 def test_a_null_key_is_named_with_its_file_and_row(tmp_path: Path) -> None:
@@ -58,6 +59,7 @@ def test_a_null_key_is_named_with_its_file_and_row(tmp_path: Path) -> None:
     _write(raw / "b.parquet", [f"m{i}" if i != 5 else None for i in range(9)])
     message = _refused(raw, tmp_path / "out", ParquetInputError)
     assert message.startswith(f"{raw / 'b.parquet'}: row 5: the key column '__key__' is null")
+    assert "or leave out key_column= and drop the column" in message  # was: --key-column
 
 
 def test_a_null_label_is_named_with_its_file_row_and_key(tmp_path: Path) -> None:
@@ -65,6 +67,7 @@ def test_a_null_label_is_named_with_its_file_row_and_key(tmp_path: Path) -> None
     raw = _write(tmp_path / "raw" / "a.parquet", ["a", "b", "c", "d"], labels)
     message = _refused(raw, tmp_path / "out", ParquetInputError)
     assert message.startswith(f"{raw}: row 2 (key 'c'): the label column 'label' is null")
+    assert message.endswith("or name another column with label_column=")  # was: --label-column
 
 
 def test_duplicate_keys_name_both_rows_files(tmp_path: Path) -> None:

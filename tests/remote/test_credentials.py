@@ -18,6 +18,9 @@ from tests.processes import run_bounded
 from tests.s3 import S3Server
 
 WHAT_TO_SET = "set the credentials the backend uses (for S3: AWS_PROFILE or AWS_ACCESS_KEY_ID"
+# the storage options as each caller gives them (was: --storage-option for shardprep.build too)
+CLI_OPTIONS = "or --storage-option profile=..., key=..., secret=..., anon=true for a public"
+PYTHON_OPTIONS = "or storage_options={'profile': ...}, {'key': ..., 'secret': ...} or {'anon'"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def test_cli_without_credentials_says_so(
     assert lines[0].startswith(
         f"Error: s3://{bucket}/out: no credentials found (NoCredentialsError: "
     ), lines[0]
-    assert WHAT_TO_SET in lines[0]
+    assert WHAT_TO_SET in lines[0] and CLI_OPTIONS in lines[0]
     assert "cannot reach" not in lines[0]
 
 
@@ -68,7 +71,8 @@ def test_raw_prefix_without_credentials_says_so(
         shardprep.build(f"s3://{bucket}/train", str(tmp_path / "out"), shards=2, progress=False)
     message = str(info.value)
     assert message.startswith(f"s3://{bucket}/train: no credentials found"), message
-    assert WHAT_TO_SET in message
+    assert WHAT_TO_SET in message and PYTHON_OPTIONS in message, message
+    assert "--storage-option" not in message
 
 
 @pytest.fixture(scope="module")
@@ -98,5 +102,5 @@ def test_invalid_access_key_says_so(raw: Path, s3_with_auth: S3Server) -> None:
     assert message.startswith(
         "s3://auth/out: the credentials are not valid (InvalidAccessKeyId: "
     ), message
-    assert WHAT_TO_SET in message
+    assert WHAT_TO_SET in message and PYTHON_OPTIONS in message, message
     assert "cannot reach" not in message and "access denied" not in message
