@@ -103,6 +103,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
 
         return build_from_iterable(raw, out, **options)
     raw = os.fspath(raw)
+    sweep_stale()  # killed builds' scratch and staging folders (only those), whatever follows
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
@@ -112,12 +113,11 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
     scratch: list[str] = []  # the scratch folder, once made
     try:
         destination.check_apart(raw)
-        destination.check()
+        destination.check()  # a local OUT is locked from here on (shardprep.out_lock)
         _check_engine_for(destination, config)
         _check_scratch_input(raw, InputFormat(config.input_format), config)
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
-        sweep_stale()  # the scratch and staging folders of killed builds (only those)
         work = engine_scope.enter_context(OwnedFolder("shardprep-build-"))
         scratch.append(work)
         with _scratch_errors(work):

@@ -85,17 +85,17 @@ class Destination(Protocol):
     staging: str  # the local folder the writers write shard files into (set by prepare)
     stages_locally: bool  # True: shards are written into a local folder, then uploaded to OUT
     process_local: bool  # True: OUT lives in this process (memory://): no other process sees it
-    out_lock: OutLock | None  # a local OUT's lock once prepared (every writer holds it too)
+    out_lock: OutLock | None  # a local OUT's lock once checked (every writer holds it too)
 
     def check_apart(self, raw: str) -> None:
         """Refuse an OUT that overlaps the input RAW, before anything is scanned or written."""
 
     def check(self) -> None:
-        """Refuse an unusable OUT before any work (a file; non-empty without a flag)."""
+        """Refuse an unusable OUT before any work (a file; non-empty without a flag). A local
+        OUT is made and locked first (:mod:`shardprep.out_lock`), until :meth:`close`."""
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
-        """Create OUT (and the staging area), lock a local OUT (:mod:`shardprep.out_lock`); with
-        --overwrite remove a previous build's files.
+        """Create a URL OUT's staging area; with --overwrite remove a previous build's files.
 
         ``tasks_elsewhere``: the write tasks may run on other machines (Ray), which cannot
         write into this machine's staging folder. Returns None when the tasks write into
@@ -234,35 +234,48 @@ class LocalDestination:
             )
 
     def check(self) -> None:
+        """Lock OUT (made if absent: :func:`~shardprep.out_lock.hold_out`), then refuse it if
+        unusable. The lock comes first and is kept until :meth:`close`, so what is checked
+        here, and what the build reads in OUT later (a journal to resume, a finished build),
+        stays true while it runs: a second build into the same OUT that got the lock only
+        once this one finished sees its output and is refused (or, with --resume, finds it
+        complete).
+
+        Raises:
+            InputError: OUT is a file, not empty without a flag, absent with --resume, or
+                another build (a killed build's writers included) still holds it after
+                ``LOCK_WAIT_S``.
+            OutputError: OUT cannot be made or opened.
+        """
         out, config = self.out, self._config
-        if not os.path.exists(out):
-            if config.resume:
-                raise _nothing_to_resume(out, config.interface)
-            return
-        if not os.path.isdir(out):
+        if os.path.lexists(out) and not os.path.isdir(out):
             raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)
-        existing = sorted(os.listdir(out))
+        if not os.path.exists(out) and config.resume:
+            raise _nothing_to_resume(out, config.interface)
+        try:
+            self.out_lock = hold_out(out)  # before anything in OUT is looked at or changed
+            existing = sorted(os.listdir(out))
+        except OSError as err:
+            raise _output_error(
+                out, err, "cannot create or clear the output folder: choose a writable OUT"
+            ) from err
         if existing and not (config.overwrite or config.resume):
             raise _not_empty(out, existing, "folder", config.interface)
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
-        """(Tasks elsewhere write into the same path: a folder every node shares.)
-
-        Raises:
-            InputError: another build (a killed build's writers included) still writes into
-                OUT after ``LOCK_WAIT_S``.
+        """With --overwrite, remove a previous build's files (OUT is locked since
+        :meth:`check`). Tasks elsewhere write into the same path: a folder every node shares.
         """
         out = self.out
+        if not self._config.overwrite:
+            return None
         try:
-            os.makedirs(out, exist_ok=True)
-            self.out_lock = hold_out(out)  # before anything in OUT changes
-            if self._config.overwrite:
-                for name in os.listdir(out):
-                    if OWN_FILE.match(name) or name == JOURNAL_NAME:
-                        os.remove(os.path.join(out, name))
+            for name in os.listdir(out):
+                if OWN_FILE.match(name) or name == JOURNAL_NAME:
+                    os.remove(os.path.join(out, name))
         except OSError as err:
             raise _output_error(
-                out, err, "cannot create or clear the output folder: choose a writable OUT"
+                out, err, "cannot clear the output folder: choose a writable OUT"
             ) from err
         return None
 
@@ -370,6 +383,7 @@ class LocalDestination:
 
     def close(self) -> None:
         if self.out_lock is not None:
+            self.out_lock.remove_if_made()  # a build that wrote nothing leaves no OUT it made
             self.out_lock.close()
             self.out_lock = None
 

@@ -1,19 +1,28 @@
-"""OUT's lock: one build at a time writes into a local OUT, a killed build's writers included.
+"""OUT's lock: one build at a time uses a local OUT, a killed build's writers included.
 
-A build takes ``flock(LOCK_EX)`` on OUT's folder itself (no file is added to OUT) before it
-changes anything there (``--overwrite``'s removals, the journal, the shards) and keeps it
-until it ends. Every process that writes shards into OUT holds the same lock: forked
-writers inherit the descriptor, spawned ones get it passed (:class:`OutLock` pickles as
+A build takes ``flock(LOCK_EX)`` on OUT's folder itself (no file is added to OUT; a missing OUT
+is created first) *before it looks at what OUT holds*, and keeps it until it ends: what the
+build found there (empty, a journal to resume, a finished build) stays true while it scans,
+writes and publishes, and nothing another build checked can change under it. Every process
+that writes shards into OUT holds the same lock: forked workers inherit the descriptor,
+spawned ones get it passed (:class:`OutLock` pickles as
 :func:`multiprocessing.reduction.DupFd` while a process is being spawned). The kernel
 releases a ``flock`` when the last descriptor of it is closed, so the lock is free only
-once the build *and every one of its writers* are gone, however they died.
+once the build *and every one of its workers* are gone, however they died.
 
-A second build into the same OUT (a ``--resume`` started right after a kill, an
-``--overwrite`` while the first still runs) waits up to ``LOCK_WAIT_S`` for the lock (a
-killed build's writers exit within a fraction of a second: :mod:`shardprep.format.lifeline`),
-then is refused with an :class:`~shardprep.format.errors.InputError` naming the processes
-that have OUT open. Once it holds the lock, a ``.partial`` file in OUT belongs to a dead
-build: nothing writes it any more.
+A second build into the same OUT (two builds started together, a ``--resume`` started right
+after a kill, an ``--overwrite`` while the first still runs) waits up to ``LOCK_WAIT_S`` for
+the lock (a killed build's writers exit within a fraction of a second:
+:mod:`shardprep.format.lifeline`), then is refused with an
+:class:`~shardprep.format.errors.InputError` naming the processes that have OUT open. If the
+first build ends within that wait, the second checks OUT as the first left it (a finished
+build: refused without ``--overwrite``; with ``--resume``: already complete). Once a build
+holds the lock, a ``.partial`` file in OUT belongs to a dead build: nothing writes it any more.
+
+A build that made OUT removes it again when it ends with OUT still empty (refused, or failed
+before it wrote anything), while it still holds the lock (:meth:`OutLock.remove_if_made`);
+a build that waited on that folder meanwhile sees it is gone once it gets the lock, and makes
+and locks OUT anew.
 
 A filesystem without ``flock`` (some network filesystems refuse it) builds without the
 lock, with a warning: concurrent builds into that OUT are then not detected.
@@ -42,13 +51,24 @@ LOG = logging.getLogger("shardprep")
 class OutLock:
     """The held ``flock`` on OUT's folder: a descriptor that every writer process keeps open.
 
-    Pickles only for a process being spawned (the descriptor is passed to it); a forked
-    process inherits it as it is.
+    ``made``: the folders :func:`hold_out` created for it (OUT first, then the parents it
+    made), empty in a worker. Pickles only for a process being spawned (the descriptor is
+    passed to it); a forked process inherits it as it is.
     """
 
-    def __init__(self, fd: int, path: str) -> None:
+    def __init__(self, fd: int, path: str, made: tuple[str, ...] = ()) -> None:
         self.fd = fd
         self.path = path
+        self.made = made
+
+    def remove_if_made(self) -> None:
+        """Remove the folders this lock's :func:`hold_out` made, OUT first, as long as they are
+        empty (a build that wrote nothing leaves no OUT it made); call while the lock is held."""
+        for folder in self.made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (or gone): it and its parents stay
+                return
 
     def close(self) -> None:
         """Close this process's descriptor (the lock is released once no process holds it)."""
@@ -71,30 +91,70 @@ def _received(handle: Any, path: str) -> OutLock:
 
 
 def hold_out(out: str, wait_s: float = LOCK_WAIT_S) -> OutLock | None:
-    """Lock the existing folder ``out`` for this build, waiting up to ``wait_s`` for another
-    build (or a killed build's writers) to let go; None where the filesystem has no flock.
+    """Lock the folder ``out`` for this build (made first, with its parents, if absent),
+    waiting up to ``wait_s`` for another build (or a killed build's writers) to let go; None
+    where the filesystem has no flock.
 
     Raises:
         InputError: another process still holds the lock after ``wait_s``; the message names
             the processes that have ``out`` open.
-        OSError: ``out`` cannot be opened.
+        OSError: ``out`` cannot be made or opened.
     """
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        unsupported = _wait_for_lock(fd, out, wait_s)
-    except BaseException:  # refused, or Ctrl-C while waiting: this process lets go
+    deadline = time.monotonic() + wait_s
+    while True:
+        made = _make_folders(out)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            unsupported = _wait_for_lock(fd, out, max(0.0, deadline - time.monotonic()))
+            if unsupported is None and not _still_at(fd, out):
+                # the build that made it removed it, empty, while this one waited: again
+                if time.monotonic() >= deadline:
+                    raise _busy(out, wait_s)
+                os.close(fd)
+                continue
+        except BaseException:  # refused, or Ctrl-C while waiting: this process lets go
+            os.close(fd)
+            raise
+        if unsupported is None:
+            return OutLock(fd, out, made)
         os.close(fd)
-        raise
-    if unsupported is None:
-        return OutLock(fd, out)
-    os.close(fd)
-    LOG.warning(
-        "%s: cannot lock the output folder (%s): another build writing into it at the same "
-        "time would not be noticed",
-        out,
-        unsupported,
-    )
-    return None
+        LOG.warning(
+            "%s: cannot lock the output folder (%s): another build writing into it at the "
+            "same time would not be noticed",
+            out,
+            unsupported,
+        )
+        return None
+
+
+def _make_folders(out: str) -> tuple[str, ...]:
+    """Make ``out`` and its missing parents; the folders this call made, deepest first."""
+    missing = []
+    folder = os.path.abspath(out)
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # another build made it meanwhile (a file: open() says so)
+            continue
+        made.append(folder)
+    return tuple(reversed(made))
+
+
+def _still_at(fd: int, out: str) -> bool:
+    """Whether the folder locked through ``fd`` is still the one at ``out``."""
+    try:
+        now = os.stat(out)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _wait_for_lock(fd: int, out: str, wait_s: float) -> str | None:

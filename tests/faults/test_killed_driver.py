@@ -13,19 +13,25 @@ its writers mid-shard); every process of a session is killed on failure or deadl
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import shardprep
 from shardprep.format.errors import InputError
-from shardprep.out_lock import LOCK_WAIT_S, hold_out
+from shardprep.format.manifest import JOURNAL_NAME
+from shardprep.out_lock import LOCK_WAIT_S, OutLock, hold_out, processes_with_open
+from shardprep.scratch import LOCK_NAME
 from shardprep.workers import worker_pool
 from tests.faults.held_map import keep
 from tests.faults.helpers import class_folders, tree_hashes
@@ -199,3 +205,104 @@ def test_a_spawned_writer_holds_its_builds_lock_on_out(tmp_path: Path) -> None:
     again = hold_out(str(tmp_path), wait_s=0)  # the writer is gone: free
     assert again is not None
     again.close()
+
+
+def _waiting_for(out: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Return once ``process`` has OUT open (it waits for OUT's lock, which the test holds)."""
+    deadline = time.monotonic() + READY_S
+    while process.pid not in {pid for pid, _ in processes_with_open(str(out))}:
+        assert process.poll() is None, f"it ended early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not on the lock in {READY_S} s:\n{log.read_text()}"
+        time.sleep(0.02)  # polling /proc, bounded by the deadline
+
+
+def _finish_into(out: Path, reference: Path, lock: OutLock) -> None:
+    """Play the first build finishing while the second waits: its output lands in OUT (the
+    journal goes last, as ``publish`` removes it), then its lock goes."""
+    for name in os.listdir(reference):
+        shutil.copyfile(reference / name, out / name)
+    with contextlib.suppress(FileNotFoundError):
+        (out / JOURNAL_NAME).unlink()
+    lock.close()
+
+
+def test_a_plain_build_that_waited_while_another_finished_is_refused_and_leaves_it(
+    reference: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Two plain builds into one fresh OUT: the second checks OUT once it holds the lock, so a
+    first build that finished meanwhile is neither built over nor mixed with other shards."""
+    raw, expected = reference
+    out, log = tmp_path / "out", tmp_path / "second.log"
+    lock = hold_out(str(out))  # the first build: it made OUT and holds it
+    assert lock is not None
+    with _session(_command(raw, out, "--seed", "1"), _env(None, tmp_path), log) as second:
+        _waiting_for(out, second, log)
+        _finish_into(out, raw.parent / "reference", lock)
+        assert second.wait(timeout=BUILD_S) == 1, log.read_text()
+    assert f"Error: {out}: the output folder is not empty" in log.read_text()
+    assert tree_hashes(out) == expected  # the first build's files, byte for byte, and no more
+
+
+def test_a_resume_that_waited_while_the_build_finished_finds_it_complete(
+    reference: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A --resume that waits out the build it would resume, which then finishes: exit 0 and
+    ``already_complete``, as the same --resume on a finished OUT (not 'nothing to resume',
+    exit 1)."""
+    raw, expected = reference
+    out, log = tmp_path / "out", tmp_path / "resume.log"
+    lock = hold_out(str(out))
+    assert lock is not None
+    manifest = json.loads((raw.parent / "reference" / "manifest.json").read_text())
+    journal = {"input_fingerprint": manifest["input_fingerprint"], "options": manifest["options"]}
+    (out / JOURNAL_NAME).write_text(json.dumps(journal, sort_keys=True))
+    command = _command(raw, out, "--resume", "--json")
+    with _session(command, _env(None, tmp_path), log) as second:
+        _waiting_for(out, second, log)
+        _finish_into(out, raw.parent / "reference", lock)
+        assert second.wait(timeout=BUILD_S) == 0, log.read_text()
+    text = log.read_text()
+    assert json.loads(text[text.index("{") :])["already_complete"] is True, text
+    assert tree_hashes(out) == expected
+
+
+def test_a_refused_build_removes_killed_builds_scratch_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build killed before OUT existed leaves its scratch folder; the next build command
+    removes it even when OUT then refuses it (a --resume with nothing to resume)."""
+    scratch = tmp_path / "tmp"
+    left = scratch / "shardprep-build-killed01"  # as a killed build leaves it: lock file free
+    left.mkdir(parents=True)
+    (left / LOCK_NAME).touch()
+    (left / "inventory").write_bytes(b"x" * 100)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    raw = class_folders(tmp_path / "raw", seed=3, per_class=2)
+    with pytest.raises(InputError, match="no interrupted build to resume here"):
+        shardprep.build(raw, str(tmp_path / "out"), shards=2, resume=True)
+    assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_build_waiting_on_an_out_whose_maker_removed_it_makes_and_locks_it_anew(
+    tmp_path: Path,
+) -> None:
+    """A build that made OUT and wrote nothing removes it as it ends (still locked); a build
+    that waited on that folder then locks the folder at OUT's path, not the removed one."""
+    out, log = tmp_path / "new" / "out", tmp_path / "waiter.log"
+    first = hold_out(str(out))
+    assert first is not None and first.made == (str(out), str(out.parent))
+    waiter = (
+        "import os, sys; from shardprep.out_lock import hold_out; "
+        "lock = hold_out(sys.argv[1]); "
+        "print(lock.made, os.path.samestat(os.fstat(lock.fd), os.stat(sys.argv[1])))"
+    )
+    command = [sys.executable, "-c", waiter, str(out)]
+    with _session(command, _env(None, tmp_path), log) as second:
+        _waiting_for(out, second, log)
+        first.remove_if_made()  # as LocalDestination.close does, lock held
+        assert not out.parent.exists()
+        first.close()
+        assert second.wait(timeout=BUILD_S) == 0, log.read_text()
+    assert log.read_text().split() == [f"('{out}',", f"'{out.parent}')", "True"]
+    assert out.is_dir()
