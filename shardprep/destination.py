@@ -261,6 +261,8 @@ class LocalDestination:
             ) from err
         if existing and not (config.overwrite or config.resume):
             raise _not_empty(out, existing, "folder", config.interface)
+        if not existing and config.resume:  # e.g. made by a build killed before it wrote
+            raise _nothing_to_resume(out, config.interface)
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
         """With --overwrite, remove a previous build's files (OUT is locked since

@@ -306,3 +306,15 @@ def test_a_build_waiting_on_an_out_whose_maker_removed_it_makes_and_locks_it_ane
         assert second.wait(timeout=BUILD_S) == 0, log.read_text()
     assert log.read_text().split() == [f"('{out}',", f"'{out.parent}')", "True"]
     assert out.is_dir()
+
+
+def test_a_resume_into_the_empty_out_a_killed_build_made_is_refused_before_the_scan(
+    tmp_path: Path,
+) -> None:
+    """A build killed during its scan leaves OUT empty (it makes OUT as it locks it, before
+    the scan): --resume is refused at once, not after a scan (the input here is gone)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError, match=f"{out}: no interrupted build to resume here"):
+        shardprep.build(tmp_path / "gone", str(out), shards=2, resume=True)
+    assert out.is_dir() and list(out.iterdir()) == []  # OUT it did not make stays
