@@ -24,8 +24,9 @@ from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
-from shardprep.scan.parquet import is_parquet_name, is_sidecar, scan_parquet
+from shardprep.scan.parquet import PARQUET_SUFFIXES, is_parquet_name, is_sidecar, scan_parquet
 from shardprep.scan.prefix import TopLevel, first_folder, top_level
+from shardprep.scan.splits import refuse_splits, split_folder
 from shardprep.scan.tar_shards import scan_tar_shards
 from shardprep.scan.walk import Tick
 from shardprep.storage import is_url
@@ -82,11 +83,11 @@ def detect_format(
             return InputFormat.LISTING
         if lower.endswith(".tar"):
             return InputFormat.TAR
-        if lower.endswith(".parquet"):
+        if lower.endswith(PARQUET_SUFFIXES):
             return InputFormat.PARQUET
         raise InputError(
             f"{raw}: a file input must be a .csv/.tsv/.jsonl listing, a .tar shard or a "
-            ".parquet file",
+            "Parquet file (.parquet, .pq, .parq)",
             raw,
         )
     files, folders = top.file_names, top.folders
@@ -109,7 +110,7 @@ def detect_format(
             if _parquet_data(raw, where, first, interface):
                 return InputFormat.PARQUET
     if files and (not folders or any(is_label_file(n) for n in files)):
-        return InputFormat.KEYED
+        return _one_split(raw, folders, InputFormat.KEYED, interface)
     if files:
         fmt = interface.setting
         raise InputError(
@@ -123,7 +124,18 @@ def detect_format(
         labelled = first_files_have_labels(raw, storage_options, top, interface)
     else:  # (the same first folder: listed once)
         labelled = any(is_label_file(n) for n in first)
-    return InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
+    layout = InputFormat.KEYED if labelled else InputFormat.CLASS_FOLDERS
+    return _one_split(raw, folders, layout, interface)
+
+
+def _one_split(
+    raw: str, folders: list[str], layout: InputFormat, interface: Interface
+) -> InputFormat:
+    """``layout``, unless the top-level ``folders`` are two or more splits (``train/`` and
+    ``test/``: refused, :func:`~shardprep.scan.splits.refuse_splits`)."""
+    named = ((split_folder(f), f"{f}/") for f in folders)
+    refuse_splits(raw, named, layout.value, interface)
+    return layout
 
 
 def _parquet_data(raw: str, where: str, names: list[str], interface: Interface = CLI) -> bool:

@@ -82,11 +82,14 @@ def spill_samples(
     ``reserved`` are extensions the build adds itself (``weight`` with ``weights_only=True``;
     ``interface``: how the refusal names that option, as the build's caller gives it).
     A new file starts every ``file_bytes`` / ``file_samples`` (default FILE_BYTES / FILE_SAMPLES).
-    Duplicate keys are left to the scan's check (bounded memory, any number of samples).
+    A key given twice within one file's samples is refused here, naming both positions
+    (the tar scan would group adjacent members into one sample); duplicates further apart
+    are left to the scan's check (bounded memory, any number of samples).
 
     Raises:
-        InputError: a sample is not a mapping, has no valid ``__key__``, no data member, a
-            bad extension, payload or ``cls``, or labels on some samples only; the message
+        InputError: a sample is not a mapping, has no valid ``__key__`` (or one an earlier
+            sample of its file has), no data member, a bad extension, payload or ``cls``, or
+            labels on some samples only; the message
             names the sample's key (or its position when it has no usable key). Nothing
             after that sample is read.
         OSError: the folder's disk is full or unwritable (the caller turns it into advice).
@@ -99,7 +102,7 @@ def spill_samples(
             key, members, (label, is_int) = _check_sample(position, sample, reserved, interface)
             labels.check(key, label, is_int)
             _check_extension_count(key, members, exts)
-            spill.add(key, members, label)
+            spill.add(key, members, label, position)
             tick(1)
     finally:
         spill.close()
@@ -240,13 +243,28 @@ class _SpillFiles:
         self._file_bytes, self._file_samples = file_bytes, file_samples
         self._out: BinaryIO | None = None
         self._in_file = self._bytes_in_file = 0
+        self._keys: dict[str, int] = {}  # the current file's keys: their samples' positions
 
-    def add(self, key: str, members: list[tuple[str, bytes]], label: str | None) -> None:
+    def add(
+        self, key: str, members: list[tuple[str, bytes]], label: str | None, position: int
+    ) -> None:
+        """Append one sample (``position``: its place in the iterable, for messages).
+
+        Raises:
+            InputError: an earlier sample of the current file has the same key.
+        """
         if self._out is None or (
             self._bytes_in_file >= self._file_bytes or self._in_file >= self._file_samples
         ):
             self._next_file()
         assert self._out is not None
+        earlier = self._keys.setdefault(key, position)
+        if earlier != position:
+            raise InputError(
+                f"sample key {key!r} is given to more than one sample (#{earlier} and "
+                f"#{position}, counting from 0): give every sample its own __key__ (nothing "
+                "was written to OUT)"
+            )
         named = list(members)
         if label is not None:
             named.append((LABEL_FIELD, label.encode("utf-8")))
@@ -272,6 +290,7 @@ class _SpillFiles:
         self._out = open(path, "xb")  # noqa: SIM115 (closed by _end_file / close)
         self.files.append(path)
         self._in_file = self._bytes_in_file = 0
+        self._keys = {}
 
     def _end_file(self) -> None:
         if self._out is not None:

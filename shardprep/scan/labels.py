@@ -8,8 +8,9 @@ key), so one rule decides for all of them (:func:`label_text`):
 - a str is a class name, as it is: not empty, no whitespace before or after it (``"cat"``,
   ``" cat"`` and ``"cat "`` are never merged into one class, nor told apart: refused); a
   decimal str (``"3"``, as a CSV or a ``.cls`` file holds them) is an index too;
-- an int index and a non-decimal name in one input are refused (naming the first place of
-  each): numbering the names would silently renumber the indices;
+- an index (an int or a decimal str) and a non-decimal name (``"cat"``, ``"-1"``, ``"+1"``)
+  in one input are refused (naming the first place of each): numbering the names would
+  silently renumber the indices (``"3"`` and ``"-1"`` would become classes 1 and 0);
 - anything else (a float, a bool, None) is refused.
 
 Once the scan is done the table decides the final mapping: if every label is a decimal
@@ -121,8 +122,9 @@ class LabelTable:
     def __init__(self, error: type[InputError] = InputError) -> None:
         self._error = error  # the class raised: a scanner's own (ParquetInputError)
         self._ids: dict[str, int] = {}
-        self._int_at: tuple[str, str | None] | None = None  # first int index: (where, path)
+        self._int_at: tuple[str, str | None] | None = None  # first index: (where, path)
         self._name_at: tuple[str, str | None] | None = None  # first non-decimal name
+        self._int_kind = ""  # how the first index was given: "integer" or "decimal"
 
     def intern(
         self, value: Any, where: str, path: str | None = None, what: str = "label {}"
@@ -131,13 +133,15 @@ class LabelTable:
         ``what`` names it in messages (:func:`label_text`).
 
         Raises:
-            InputError: the value breaks the label rule, or an int index meets a class name.
+            InputError: the value breaks the label rule, or an index (an int or a decimal
+                str) meets a class name.
         """
         text, is_int = label_text(value, where, path, what, self._error)
-        if is_int and self._int_at is None:
-            self._int_at = (where, path)
+        name = _is_name(text)
+        if not name and self._int_at is None:
+            self._int_at, self._int_kind = (where, path), "integer" if is_int else "decimal"
             self._check_kinds()
-        elif not is_int and self._name_at is None and _is_name(text):
+        elif name and self._name_at is None:
             self._name_at = (where, path)
             self._check_kinds()
         return self._ids.setdefault(text, len(self._ids))
@@ -147,9 +151,11 @@ class LabelTable:
         this table's.
 
         Raises:
-            InputError: an int index in one table meets a class name in the other.
+            InputError: an index (int or decimal str) in one table meets a class name in the
+                other.
         """
-        self._int_at = self._int_at or other._int_at
+        if self._int_at is None:
+            self._int_at, self._int_kind = other._int_at, other._int_kind
         self._name_at = self._name_at or other._name_at
         self._check_kinds()
         return np.array([self._ids.setdefault(t, len(self._ids)) for t in other._ids], np.int32)
@@ -158,10 +164,12 @@ class LabelTable:
         if self._int_at is None or self._name_at is None:
             return
         (int_where, path), (name_where, _) = self._int_at, self._name_at
+        kind = "an integer label" if self._int_kind == "integer" else "a decimal label"
         raise self._error(
-            f"{int_where} has an integer label (a class index) and {name_where} a string "
-            "class name: numbering the names would renumber the indices; give every sample "
-            "an integer index or every sample a name (as strings: '5' and 'cat' are both names)",
+            f"{int_where} has {kind} (a class index) and {name_where} a string class name "
+            "(not a decimal number): numbering the names would renumber the indices; give "
+            "every sample a class index (0, 1, 2 ...) or every sample a name that is not a "
+            "decimal number ('c3' rather than '3')",
             path,
         )
 

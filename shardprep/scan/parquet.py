@@ -55,18 +55,21 @@ from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
-from shardprep.scan.walk import Tick
+from shardprep.scan.prefix import DOT_SEGMENTS, dot_segment_refusal
+from shardprep.scan.splits import refuse_splits, split_of_file
+from shardprep.scan.walk import OS_JUNK_NAMES, Tick
 from shardprep.storage import describe_error, is_url, open_url
 
 __all__ = [
     "MAX_CLASS_INDEX",
+    "PARQUET_SUFFIXES",
     "ParquetInputError",
     "is_parquet_name",
     "list_parquet",
     "scan_parquet",
 ]
 
-SUFFIX = ".parquet"
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")  # a Parquet file's names (any case)
 KEY_COLUMNS = ("key", "__key__")  # the key column's default names, in order of preference
 LABEL_COLUMN = "label"
 BATCH_BYTES = 8 << 20  # rows read at a time: about this many bytes of the row group's data
@@ -85,9 +88,17 @@ class ParquetInputError(InputError):
 
 
 def is_parquet_name(name: str) -> bool:
-    """True for a ``.parquet`` file name that is not hidden (``.x``) or Spark's (``_x``)."""
+    """True for a Parquet file name (:data:`PARQUET_SUFFIXES`: ``.parquet``, ``.pq``,
+    ``.parq``, any case) that is not hidden (``.x``) or Spark's (``_x``)."""
     base = name.rsplit("/", 1)[-1]
-    return base.lower().endswith(SUFFIX) and not base.startswith((".", "_"))
+    return base.lower().endswith(PARQUET_SUFFIXES) and not base.startswith((".", "_"))
+
+
+def parquet_stem(rel: str) -> str:
+    """``rel`` without its Parquet suffix (``data/train-0.parquet`` → ``data/train-0``)."""
+    lower = rel.lower()
+    suffix = next((x for x in PARQUET_SUFFIXES if lower.endswith(x)), "")
+    return rel[: len(rel) - len(suffix)]
 
 
 SIDECAR_NAMES = ("dataset_info.json",)  # Hugging Face's, beside its Parquet exports
@@ -97,11 +108,13 @@ def is_sidecar(name: str) -> bool:
     """True for a file that lies beside Parquet data without being data: hidden or Spark's
     (``.x``, ``_SUCCESS``, ``_committed_<id>``, ``_started_<id>``, ``_common_metadata``), a
     checksum (``*.crc``, as Hadoop writes ``.part-0.parquet.crc``), a ``README`` (``.md``,
-    ``.txt``, any) or Hugging Face's ``dataset_info.json``."""
+    ``.txt``, any), Hugging Face's ``dataset_info.json`` or an OS's own file
+    (:data:`~shardprep.scan.walk.OS_JUNK_NAMES`: ``Thumbs.db``, ``desktop.ini``)."""
     base = name.rsplit("/", 1)[-1]
     lower = base.lower()
     return (
         base.startswith((".", "_"))
+        or lower in OS_JUNK_NAMES
         or lower.endswith(".crc")
         or lower == "readme"
         or lower.startswith("readme.")
@@ -131,10 +144,14 @@ def list_parquet(
     A folder's files are found at any depth; sidecars (:func:`is_sidecar`) and folders whose
     names start with ``.`` or ``_`` (Spark's ``_temporary``) are skipped. ``strict`` (the
     layout was detected, not given) refuses any other file: a folder of Parquet files and
-    images is not read as Parquet on a guess.
+    images is not read as Parquet on a guess; and files of more than one split
+    (:func:`~shardprep.scan.splits.refuse_splits`: ``train-0.parquet`` beside
+    ``test-0.parquet``, or ``train/`` beside ``test/``). An object whose key has a ``.`` or
+    ``..`` segment is refused (never skipped as hidden).
 
     Raises:
-        InputError: nothing found, another file found with ``strict``, or a URL that cannot
+        InputError: nothing found, another file found with ``strict``, two splits with
+            ``strict``, an object named with a ``.``/``..`` segment, or a URL that cannot
             be listed (naming it).
     """
     if is_url(raw):
@@ -147,6 +164,9 @@ def list_parquet(
             found = sorted(p for p in fs.find(path) if p.startswith(path + "/") and p[-1] != "/")
         except Exception as err:  # a backend's own transport errors are not all OSErrors
             raise InputError(describe_error(raw, err, interface), raw) from err
+        odd = next((p for p in found if set(p[len(path) :].split("/")) & {*DOT_SEGMENTS}), None)
+        if odd is not None:
+            raise InputError(dot_segment_refusal(protocol + odd), protocol + odd)
         names = [protocol + p for p in found if not _skipped_folder(p[len(path) :])]
     elif os.path.isfile(raw):
         return [os.path.abspath(raw)]
@@ -170,12 +190,17 @@ def list_parquet(
             others[0],
         )
     if not files:
-        raise InputError(f"{raw}: no .parquet files found", raw)
+        raise InputError(f"{raw}: no Parquet files (.parquet, .pq, .parq) found", raw)
+    if strict:
+        top = raw.rstrip("/") if is_url(raw) else os.path.abspath(raw)
+        named = ((split_of_file(f[len(top) :]), f) for f in files)
+        refuse_splits(raw, named, "parquet", interface)
     return files
 
 
 def _skipped_folder(rel: str) -> bool:
-    """True below a folder whose name starts with ``.`` or ``_`` (``rel``: from the input)."""
+    """True below a folder whose name starts with ``.`` or ``_`` (``rel``: from the input;
+    its ``.``/``..`` segments are refused before, never skipped)."""
     return any(part.startswith((".", "_")) for part in rel.strip("/").split("/")[:-1])
 
 
@@ -453,8 +478,9 @@ def scan_parquet(
                 builder = sink(root, bool(columns.meta))
             elif columns != first[1]:
                 raise ParquetInputError(
-                    f"{where}: its columns differ from those of {first[0]} ({columns} vs "
-                    f"{first[1]}); every Parquet file of one input must have the same columns",
+                    f"{where}: its columns differ from those of {first[0]} "
+                    f"({_difference(columns, first[1])}); every Parquet file of one input must "
+                    "have the same columns and the same partition folders (name=value)",
                     where,
                 )
             spill = _Spill(_spill_path(root, rel, location))
@@ -469,6 +495,33 @@ def scan_parquet(
             finally:
                 spill.close()
     return labels.freeze(builder)
+
+
+_COLUMN_ROLES = (
+    ("partitions", "partition folders (name=value)"),
+    ("in_file", "partition columns the file holds too"),
+    ("binary", "binary columns"),
+    ("structs", "image/audio columns"),
+    ("key", "key column"),
+    ("label", "label column"),
+    ("meta", "other columns (into .json)"),
+)
+
+
+def _difference(here: _Columns, first: _Columns) -> str:
+    """What differs between two files' columns, in words: ``partition folders
+    (name=value): 'year', 'label' here, 'label' in the first file``."""
+
+    def shown(value: tuple[str, ...] | str) -> str:
+        names = (value,) if isinstance(value, str) else value
+        return ", ".join(repr(n) for n in names if n) or "none"
+
+    return "; ".join(
+        f"{what}: {shown(getattr(here, field))} here, {shown(getattr(first, field))} in the "
+        "first file"
+        for field, what in _COLUMN_ROLES
+        if getattr(here, field) != getattr(first, field)
+    )
 
 
 def _spill_path(root: str, rel: str, location: str) -> str:
@@ -578,7 +631,7 @@ def _read(
     folders = folders or {}
     from_path = {c: v for c, v in folders.items() if columns.from_path(c) and c != columns.label}
     batch_rows = _batch_rows(parquet.metadata)
-    stem_prefix = rel[: -len(SUFFIX)] if rel.lower().endswith(SUFFIX) else rel
+    stem_prefix = parquet_stem(rel)
     row = 0
     unreleased = 0
     try:

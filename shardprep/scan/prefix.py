@@ -28,12 +28,14 @@ from typing import Any, TypeVar
 
 from shardprep.format.errors import InputError, ShardprepError
 from shardprep.interface import CLI, Interface
-from shardprep.scan.walk import FileEntry, Problems, walk_files
+from shardprep.scan.walk import FileEntry, Problems, is_skipped_name, walk_files
 from shardprep.storage import describe_error, endpoint_hint, is_url, open_url
 
 __all__ = [
     "CONTACT_TIMEOUT_S",
+    "DOT_SEGMENTS",
     "TopLevel",
+    "dot_segment_refusal",
     "first_files",
     "first_folder",
     "join",
@@ -56,6 +58,21 @@ class TopLevel:
     @property
     def file_names(self) -> list[str]:
         return [name for name, _size in self.files]
+
+
+DOT_SEGMENTS = (".", "..")  # object-key segments no folder can hold: refused, never hidden
+
+
+def dot_segment_refusal(url: str | None, prefix: bool = False) -> str:
+    """Why an object whose key has a ``.`` or ``..`` segment is refused (``url``: the
+    object, or with ``prefix`` the listing's ``.../../`` prefix, at the start of the
+    message; None when the caller names it)."""
+    what = "the keys of the objects under it have" if prefix else "the object's key has"
+    return (
+        f"{url + ': ' if url else ''}{what} a '.' or '..' path segment, which no folder can "
+        "hold (it is not hidden, and a local copy would lose or move it); rename the "
+        f"object{'s' if prefix else ''} or leave {'them' if prefix else 'it'} out of the input"
+    )
 
 
 def join(top: str, *names: str) -> str:
@@ -84,7 +101,7 @@ def top_level(
     folders: list[str] = []
     with os.scandir(raw) as it:
         for entry in it:
-            if entry.name.startswith("."):
+            if is_skipped_name(entry.name):
                 continue
             if entry.is_dir():
                 folders.append(entry.name)
@@ -119,7 +136,11 @@ def _url_top_level(
         if name == path and entry.get("type") != "directory":
             return TopLevel(is_file=True)
         base = name.rsplit("/", 1)[-1]
-        if not base or base.startswith(".") or name == path:
+        if base in DOT_SEGMENTS:
+            folder = "/" if entry.get("type") == "directory" else ""
+            where = f"{url.rstrip('/')}/{base}{folder}"
+            raise InputError(dot_segment_refusal(where, bool(folder)), where)
+        if not base or is_skipped_name(base) or name == path:
             continue
         if entry.get("type") == "directory":
             folders.append(base)
@@ -224,8 +245,11 @@ def walk_input(
             continue
         rel = name[len(path) + 1 :]
         names = rel.split("/")
-        if any(not n or n.startswith(".") for n in names):
-            continue  # hidden (as in a local walk), or a "folder/" marker object
+        if any(n in DOT_SEGMENTS for n in names):
+            problems.add(f"{top.rstrip('/')}/{rel}", dot_segment_refusal(None))
+            continue
+        if any(not n or is_skipped_name(n) for n in names):
+            continue  # hidden or OS junk (as in a local walk), or a "folder/" marker object
         folder = tree
         for n in names[:-1]:
             folder = folder.folders.setdefault(n, _Folder())

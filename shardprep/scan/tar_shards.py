@@ -3,7 +3,11 @@
 Reads tar headers (and ``.cls`` members, for labels), never other member data:
 each part is recorded as (tar file, data offset, size) and copied by the writer.
 Members are grouped into samples by WebDataset's rule: consecutive members
-whose names share everything up to the first dot after the last slash.
+whose names share everything up to the first dot after the last slash. A sample's
+members must be adjacent (refused naming them otherwise: WebDataset would read two
+samples). The only members skipped are those WebDataset itself skips as metadata
+(:data:`WEBDATASET_META`: ``__key__``, ``__meta__/x``); every other name is a sample's
+member, ``__0001.jpg`` included (its key gets a ``k`` prefix, as a file name's does).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +33,9 @@ from shardprep.storage import describe_error, is_url, open_url
 __all__ = ["list_tar_shards", "scan_tar_shards"]
 
 LABEL_EXT = "cls"
+WEBDATASET_META = re.compile(r"__[^/]*__($|/)")
+"""Member names WebDataset's tar reader skips as metadata (its ``skip_meta`` default, matched
+at the start of the name): skipped here too, and nothing else is."""
 
 
 def list_tar_shards(
@@ -146,37 +154,78 @@ def _scan_tar(
         with _open_tar(tar_path, options, interface) as tar:
             current, label_text = None, None
             parts: list[tuple[str, int, int]] = []
+            first_member: dict[str, str] = {}  # each sample's first member: adjacency check
+            skip = False  # the current group is refused (members seen earlier, bad label)
             for member in tar:
                 if member.isdir():
                     continue
                 if not member.isfile() or member.issparse():
                     problems.add(f"{tar_path}:{member.name}", _not_a_file(member))
                     continue
+                if WEBDATASET_META.match(member.name):
+                    continue  # WebDataset's own metadata member (__key__, __meta__/...)
                 stem, ext = _split_member(member.name)
-                if stem.rsplit("/", 1)[-1].startswith("__"):
-                    continue  # WebDataset metadata member such as __key__
                 if stem != current:
-                    if current is not None:
+                    if current is not None and not skip:
                         unlabelled += _add(
                             builder, labels, problems, current, parts, label_text, tar_path
                         )
                     current, parts, label_text = stem, [], None
+                    skip = stem in first_member  # (reported once; never a duplicate key)
+                    if skip:
+                        problems.add(
+                            f"{tar_path}:{member.name}",
+                            _not_adjacent(stem, first_member[stem], member.name, tar_path),
+                        )
+                    else:
+                        first_member[stem] = member.name
+                if skip:
+                    continue
                 if ext == LABEL_EXT:
-                    fileobj = tar.extractfile(member)
-                    label_text = cls_file_text(fileobj.read()) if fileobj else ""
+                    label_text = _tar_label(tar, member, tar_path, problems)
+                    skip = label_text is None  # (reported: not counted as unlabelled)
                 elif not ext:
                     problems.add(f"{tar_path}:{member.name}", "member has no extension")
                 else:
                     parts.append((ext, member.size, member.offset_data))
-            if current is not None:
+            if current is not None and not skip:
                 unlabelled += _add(builder, labels, problems, current, parts, label_text, tar_path)
-    except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
+    except (tarfile.TarError, OSError) as err:
         problems.add(tar_path, f"cannot read as an uncompressed tar ({err}); decompress it first")
     except InputError:
         raise  # a member or label refused (naming it): not a transport error
     except Exception as err:  # a URL backend's own transport error, not an OSError
         problems.add(tar_path, f"cannot read ({describe_error(tar_path, err, interface)})")
     return _TarPart(builder, labels, problems, unlabelled)
+
+
+def _tar_label(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, tar_path: str, problems: Problems
+) -> str | None:
+    """The label text of a ``.cls`` member, or None with a problem naming ``tar:member``
+    when it is not UTF-8 text."""
+    fileobj = tar.extractfile(member)
+    data = fileobj.read() if fileobj else b""
+    try:
+        return cls_file_text(data)
+    except UnicodeDecodeError as err:
+        problems.add(
+            f"{tar_path}:{member.name}",
+            f"cannot read label: not UTF-8 text ({err}); write the class index or name as "
+            "UTF-8 text",
+        )
+        return None
+
+
+def _not_adjacent(stem: str, first: str, again: str, tar_path: str) -> str:
+    """Why a sample whose members are not next to each other in the tar is refused."""
+    name = posixpath.basename(tar_path)
+    return (
+        f"the members of sample {stem!r} are not contiguous in {name}: {first!r} comes "
+        f"before other samples' members and {again!r} after them; WebDataset groups only "
+        "adjacent members into one sample (it would read two samples), so write each "
+        "sample's members next to each other (e.g. tar in sorted name order)"
+    )
 
 
 def _not_a_file(member: tarfile.TarInfo) -> str:

@@ -16,7 +16,20 @@ from typing import BinaryIO
 
 from shardprep.format.errors import InputError
 
-__all__ = ["FileEntry", "Problems", "walk_files"]
+__all__ = ["OS_JUNK_NAMES", "FileEntry", "Problems", "is_skipped_name", "walk_files"]
+
+OS_JUNK_NAMES = frozenset({"thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini"})
+"""Files an operating system writes into folders of images, never data: Windows' thumbnail
+caches and folder settings (compared case-insensitively, as Windows names them). macOS's
+``.DS_Store`` and ``._*`` files are hidden names, skipped as every ``.`` name is."""
+
+
+def is_skipped_name(name: str) -> bool:
+    """True for a name every folder scan skips: hidden (``.x``: ``.DS_Store``,
+    ``.ipynb_checkpoints``) or an OS's own file (:data:`OS_JUNK_NAMES`: ``Thumbs.db``,
+    ``desktop.ini``)."""
+    return name.startswith(".") or name.lower() in OS_JUNK_NAMES
+
 
 Tick = Callable[[int], None]
 
@@ -59,7 +72,7 @@ class Problems:
 def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[FileEntry]:
     """Yield every non-hidden regular file below ``top`` in sorted order.
 
-    Names starting with ``.`` are skipped (``.DS_Store``, ``.ipynb_checkpoints``).
+    Hidden names and OS junk files are skipped (:func:`is_skipped_name`).
     Files of a folder come before its sub-folders. Broken symlinks and
     unlistable folders are recorded in ``problems``; an unreadable file is
     reported by the writer when it opens it (checking here would cost a
@@ -101,7 +114,7 @@ def walk_files(top: str, problems: Problems, rel_dir: str = "") -> Iterator[File
 
 
 def sorted_names(folder: str, run: int | None = None) -> Iterator[str]:
-    """The non-hidden names in ``folder``, sorted, holding at most ``run`` (default ``RUN_NAMES``) of them in memory.
+    """The names in ``folder`` that are not skipped (:func:`is_skipped_name`), sorted, holding at most ``run`` (default ``RUN_NAMES``) of them in memory.
 
     A folder of millions of files is read in runs of ``run`` names, each
     sorted and spilled to an anonymous temporary file, then merged; smaller
@@ -113,7 +126,7 @@ def sorted_names(folder: str, run: int | None = None) -> Iterator[str]:
     batch: list[str] = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name.startswith("."):
+            if is_skipped_name(entry.name):
                 continue
             batch.append(entry.name)
             if len(batch) >= run:

@@ -249,14 +249,14 @@ def test_keyed_text_labels_are_sorted(tmp_path: Path) -> None:
     assert labels == {"x__a": 2, "x__b": 0, "x__c": 1, "x__d": 0}
 
 
-def test_keyed_mixed_integer_and_text_labels_are_text(tmp_path: Path) -> None:
+def test_keyed_decimal_and_text_labels_are_refused(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     for stem, label in [("a", "10"), ("b", "2"), ("c", "cat")]:
         _write(raw / f"{stem}.jpg")
         _write(raw / f"{stem}.cls", label)
-    inv = scan(str(raw))
-    assert inv.class_names == ("10", "2", "cat")
-    assert inv.label.tolist() == [0, 1, 2]
+    # numbering them as names would make '10' class 0 and '2' class 1: never silently
+    with pytest.raises(InputError, match="a.cls has a decimal label .*c.cls a string class"):
+        scan(str(raw))
 
 
 def test_keyed_errors(tmp_path: Path) -> None:
@@ -428,7 +428,7 @@ def test_tar_written_with_tarfile(tmp_path: Path) -> None:
         ("train/0001.jpg", b"J1" * 300),
         ("train/0001.cls", b"zebra"),
         ("train/0001.txt", b"T1"),
-        ("__index__.json", b"{}"),  # WebDataset metadata member: skipped
+        ("__index__", b"{}"),  # WebDataset metadata member (its skip_meta): skipped
         ("train/0002.jpg", b"J2"),
         ("train/0002.cls", b"apple\n"),
         ("L" * 120 + ".jpg", b"long"),  # GNU long name
@@ -571,7 +571,8 @@ def test_detect_format_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="the folder is empty"):
         detect_format(str(empty))
     with pytest.raises(
-        InputError, match="must be a .csv/.tsv/.jsonl listing, a .tar shard or a .parquet file"
+        InputError,
+        match=r"must be a .csv/.tsv/.jsonl listing, a .tar shard or a Parquet file \(.parquet",
     ):
         detect_format(str(_write(tmp_path / "data.zip")))
     only_dirs = tmp_path / "only_dirs"
