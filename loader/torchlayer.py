@@ -25,7 +25,7 @@ from loader.epochs import ResumePoint, SharedProgress
 from loader.errors import IncompatibleStateError
 from loader.forkheap import freeze_inherited
 from loader.guards import check_not_rebatched, check_not_resplit
-from loader.lifeline import watch_trainer
+from loader.lifeline import tie_unpickled, watch_trainer
 from loader.state import Position, ResumeState, next_position, parse_history, rank_state
 from loader.stream import EpochStream
 from loader.world import World, resolve_rank, worker_info
@@ -345,3 +345,10 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         if dist.is_available() and dist.is_initialized():
             state["_inherited_rank"] = (dist.get_rank(), dist.get_world_size())
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # A forkserver worker gets this dataset with its arguments, before any index or user
+        # code (a wrapper's __iter__, a worker_init_fn): it is tied to its trainer from then
+        # on, not only once it iterates (loader.lifeline)
+        tie_unpickled(self)

@@ -6,24 +6,30 @@ through ``LOADER`` (``torch``: DataLoader, ``stateful``: torchdata's StatefulDat
 ``lightning``: a Lightning ``Trainer.fit`` over a DataLoader). Once a batch from each worker
 has arrived it writes ``REPORT`` (JSON: its own pid, its workers' pids, every other
 process of its session) and blocks until the test kills it.
+
+``LOADER`` ``wrapped``: a DataLoader over a user's dataset around the ShardDataset
+(:class:`UserWrapper`), whose iteration never reaches the ShardDataset; each worker's
+``worker_init_fn`` appends its pid to ``REPORT`` as it starts, and the trainer blocks at once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from loader import ShardDataset
 from tests.processes import session_processes
 
-__all__ = ["WORKERS", "main", "session_processes"]
+__all__ = ["WORKERS", "UserWrapper", "announce", "main", "session_processes"]
 
 WORKERS = 2
 
@@ -61,6 +67,42 @@ def plain(data: str, start: str, stateful: bool, persistent: bool, path: Path) -
         next(batches)
     report(path, [w.pid for w in batches._workers])
     wait_to_be_killed()
+
+
+class UserWrapper(IterableDataset[Any]):
+    """A user's dataset around a ShardDataset, as trainers write them: its generator
+    ``__iter__`` reaches the ShardDataset only at its first ``next``, after user code (a
+    download, a wait) that here never ends, so the ShardDataset's own ``__iter__`` never runs
+    in the workers."""
+
+    def __init__(self, inner: ShardDataset) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[Any]:
+        threading.Event().wait()
+        yield from self.inner
+
+
+def announce(path: str, worker: int) -> None:
+    """A ``worker_init_fn``: append this worker's pid to ``path`` (one short write: one line)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def wrapped(data: str, start: str, path: Path) -> None:
+    """Start the workers of a DataLoader over a :class:`UserWrapper`, then wait to be killed."""
+    from tests.faults import orphan_job  # pickled by its module's name, not as __main__
+
+    loader = DataLoader(
+        orphan_job.UserWrapper(ShardDataset(data, batch_size=4)),
+        batch_size=None,
+        num_workers=WORKERS,
+        multiprocessing_context=start,
+        worker_init_fn=functools.partial(orphan_job.announce, str(path)),
+    )
+    batches = iter(loader)  # starts the workers; kept so that they are not stopped
+    wait_to_be_killed()
+    del batches
 
 
 def lightning(data: str, start: str, persistent: bool, path: Path) -> None:
@@ -116,6 +158,8 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     if kind == "lightning":
         lightning(data, start, persistent == "1", Path(path))
+    elif kind == "wrapped":
+        wrapped(data, start, Path(path))
     else:
         plain(data, start, kind == "stateful", persistent == "1", Path(path))
 

@@ -49,16 +49,7 @@ def test_workers_exit_when_the_trainer_is_killed(
     built: Path, tmp_path: Path, start: str, loader: str, persistent: str
 ) -> None:
     report_path, log = tmp_path / "report.json", tmp_path / "trainer.log"
-    with log.open("wb") as sink:
-        trainer = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.orphan_job", str(built), start, loader,
-             persistent, str(report_path)],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=sink,
-            start_new_session=True,
-        )  # fmt: skip
+    trainer = _start_job([str(built), start, loader, persistent, str(report_path)], log)
     session = trainer.pid  # the leader of its own session
     names: set[str] = set()
     try:
@@ -69,23 +60,72 @@ def test_workers_exit_when_the_trainer_is_killed(
         names = _shm_names([trainer.pid, *session_processes(session)])
         if start != "fork":  # the queues' semaphores are named: the residue check bites
             assert any(n.startswith("sem.") for n in names), names
-
-        trainer.send_signal(signal.SIGKILL)
-        trainer.wait(timeout=30)
-        left = wait_until_gone(session, GONE_S)
-        assert not left, (
-            f"{len(left)} processes of the killed trainer's session still run {GONE_S} s after "
-            f"its SIGKILL: {left}\n{log.read_text()[-3000:]}"
-        )
-        assert sorted(n for n in names if (Path("/dev/shm") / n).exists()) == []
+        _kill_and_check(trainer, names, log)
     finally:
-        kill_session(session)
-        with contextlib.suppress(ProcessLookupError):
-            trainer.kill()
-        trainer.wait(timeout=30)
-        for name in names:  # the session's own names only: mapped by its processes
-            with contextlib.suppress(FileNotFoundError):
-                (Path("/dev/shm") / name).unlink()
+        _clean(trainer, names)
+
+
+def test_workers_of_a_wrapped_dataset_exit_with_a_trainer_killed_before_they_iterate(
+    built: Path, tmp_path: Path
+) -> None:
+    """A user's IterableDataset around a ShardDataset, forkserver: the workers start, but the
+    ShardDataset's ``__iter__`` never runs in them (the wrapper's code before it never ends;
+    likewise a trainer killed before it sent the first index, or a slow worker_init_fn).
+    They are tied to the trainer as they receive the dataset (``loader.lifeline``)."""
+    started, log = tmp_path / "workers.txt", tmp_path / "trainer.log"
+    trainer = _start_job([str(built), "forkserver", "wrapped", "0", str(started)], log)
+    session = trainer.pid
+    names: set[str] = set()
+    try:
+        deadline = time.monotonic() + READY_S  # each worker_init_fn writes its pid: all up
+        while len(started.read_text().split() if started.exists() else []) < WORKERS:
+            assert trainer.poll() is None, f"the trainer exited early:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no workers in {READY_S} s:\n{log.read_text()}"
+            time.sleep(0.02)  # polling for the workers' lines, bounded by the deadline
+        workers = [int(pid) for pid in started.read_text().split()]
+        assert set(workers) <= set(session_processes(session, zombies=False)), workers
+        names = _shm_names([trainer.pid, *session_processes(session)])
+        assert any(n.startswith("sem.") for n in names), names  # the residue check bites
+        _kill_and_check(trainer, names, log)
+    finally:
+        _clean(trainer, names)
+
+
+def _start_job(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``tests.faults.orphan_job`` with ``args``, leader of a session of its own."""
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.orphan_job", *args],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+        )
+
+
+def _kill_and_check(trainer: subprocess.Popen[bytes], names: set[str], log: Path) -> None:
+    """SIGKILL the trainer alone: its session must empty within ``GONE_S`` and the /dev/shm
+    ``names`` it had open must be unlinked."""
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=30)
+    left = wait_until_gone(trainer.pid, GONE_S)
+    assert not left, (
+        f"{len(left)} processes of the killed trainer's session still run {GONE_S} s after "
+        f"its SIGKILL: {left}\n{log.read_text()[-3000:]}"
+    )
+    assert sorted(n for n in names if (Path("/dev/shm") / n).exists()) == []
+
+
+def _clean(trainer: subprocess.Popen[bytes], names: set[str]) -> None:
+    """Kill what is left of the trainer's session and unlink its /dev/shm names."""
+    kill_session(trainer.pid)
+    with contextlib.suppress(ProcessLookupError):
+        trainer.kill()
+    trainer.wait(timeout=30)
+    for name in names:  # the session's own names only: mapped by its processes
+        with contextlib.suppress(FileNotFoundError):
+            (Path("/dev/shm") / name).unlink()
 
 
 def _wait_for_report(path: Path, trainer: subprocess.Popen[bytes], log: Path) -> Any:
