@@ -72,7 +72,6 @@ PARTIAL_FILE = re.compile(
 UPLOAD_THREADS = 2
 CONTACT_TIMEOUT_S = 30.0
 """The first request to a remote OUT (listing it) must be answered within this many seconds."""
-"""The storage option that names an S3 endpoint, as messages show it."""
 RESUME_THREADS = 8
 JOURNAL_LIMIT = 1 << 20
 LOG = logging.getLogger("shardprep")
