@@ -36,9 +36,9 @@ from shardprep.format.errors import (
     WriteError,
     is_interrupt,
 )
+from shardprep.format.interface import CLI
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
-from shardprep.interface import CLI
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan

@@ -270,7 +270,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
     was_complete = _run(lambda: _import_and_look(out), progress, lambda: _BEFORE_ANY_SHARD)
     from shardprep.builder import build as run_build
     from shardprep.builder import interrupted_around
-    from shardprep.interface import CLI
+    from shardprep.format.interface import CLI
 
     def run_to_the_end() -> Any:
         summary = run_build(raw, out, progress=progress, interface=CLI, **options)

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardprep.format.errors import PlanError
+from shardprep.format.interface import PYTHON, Interface
 from shardprep.format.storage_options import merge_options
-from shardprep.interface import PYTHON, Interface
 from shardprep.transform import load_map
 
 __all__ = ["BuildConfig", "default_workers"]
@@ -35,7 +35,7 @@ class BuildConfig:
     ``workers``, ``engine``, ``ray_address``, ``stall_timeout``, ``overwrite``, ``resume``,
     ``progress``, ``interface`` and the storage options change how the build runs, never what
     it writes. ``interface`` is how messages name options (``--shards`` for the CLI,
-    ``shards=`` for Python: :mod:`shardprep.interface`).
+    ``shards=`` for Python: :mod:`shardprep.format.interface`).
     Storage options are fsspec's, for a RAW or OUT given as a URL (and URLs in a listing):
     ``storage_options`` apply to both, ``raw_storage_options`` to the input only and
     ``out_storage_options`` to OUT only, each on top of ``storage_options`` (one key deep,

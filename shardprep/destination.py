@@ -46,9 +46,9 @@ from typing import Any, Protocol, TypeVar
 
 from shardprep.config import BuildConfig
 from shardprep.format.errors import InputError, OutputError
+from shardprep.format.interface import Interface
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
-from shardprep.interface import Interface
 from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder

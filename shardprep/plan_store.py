@@ -101,7 +101,7 @@ def plan_to_files(
 
     Same result as ``plan_shards(labels, sizes, num_shards, seed, groups=sources)``
     of the selected samples. ``shards_option``: how the refusal names the option (the build's
-    :class:`~shardprep.interface.Interface` gives ``--shards`` or ``shards=``).
+    :class:`~shardprep.format.interface.Interface` gives ``--shards`` or ``shards=``).
 
     Raises:
         PlanError: ``num_shards`` is not between 1 and the number of samples.

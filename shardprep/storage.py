@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardprep.format.errors import OutputError
+from shardprep.format.interface import CLI, Interface
 from shardprep.format.storage_options import merge_options
-from shardprep.interface import CLI, Interface
 
 __all__ = [
     "S3_DEFAULTS",

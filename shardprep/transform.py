@@ -41,8 +41,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shardprep.format.errors import PlanError, WriteError
+from shardprep.format.interface import PYTHON, Interface
 from shardprep.format.shardformat import MAX_EXTENSIONS
-from shardprep.interface import PYTHON, Interface
 
 __all__ = ["MapError", "SampleMap", "apply_map", "describe_exception", "load_map"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.scratch import OwnedFolder
 from shardprep.storage import describe_error, open_url
 from shardprep.write import ShardRecord

@@ -31,8 +31,8 @@ import numpy.typing as npt
 from shardprep.config import BuildConfig
 from shardprep.format.classweights import apportion, parse_class_weights
 from shardprep.format.errors import DuplicateKeyError, PlanError
+from shardprep.format.interface import CLI, Interface
 from shardprep.format.rng import derive_rng
-from shardprep.interface import CLI, Interface
 from shardprep.inventory import Inventory, InventoryView, SampleRef
 
 __all__ = ["Selection", "apportion", "class_targets", "parse_class_weights", "select_samples"]

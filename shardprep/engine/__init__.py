@@ -35,7 +35,7 @@ from typing import Protocol, TypeVar
 from shardprep.config import ENGINES
 from shardprep.engine.tasks import Progress, ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.write import ShardRecord
 
 __all__ = [

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardprep.engine.faults import TransientWriteError, classify
 from shardprep.engine.tasks import ShardTask, WriteContext, WriteTask, write_task
 from shardprep.format.errors import PlanError, ShardprepError, WorkersDiedError, WriteError, stalled
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.scratch import sweep_stale
 from shardprep.write import ShardRecord
 

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.format.errors import PlanError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 
 __all__ = ["apportion", "parse_class_weights"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.format.errors import DuplicateKeyError, InputError
+from shardprep.format.interface import CLI, Interface
 from shardprep.format.shardformat import MANIFEST_NAME
-from shardprep.interface import CLI, Interface
 from shardprep.inventory import Inventory, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders

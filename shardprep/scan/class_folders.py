@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from shardprep.format.errors import InputError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.inventory import InventoryBuilder, InventorySink, InventoryView, SinkFactory
 from shardprep.scan.keyed_files import LABEL_EXT
 from shardprep.scan.parquet import is_parquet_name

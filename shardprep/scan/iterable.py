@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from shardprep.format.errors import InputError
+from shardprep.format.interface import PYTHON, Interface
 from shardprep.format.shardformat import (
     EOF_MARKER,
     LOADER_FIELDS,
@@ -44,7 +45,6 @@ from shardprep.format.shardformat import (
     padding,
     tar_header,
 )
-from shardprep.interface import PYTHON, Interface
 from shardprep.keys import is_valid_key
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable, label_text
 

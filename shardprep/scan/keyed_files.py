@@ -13,7 +13,7 @@ from itertools import groupby
 from typing import Any
 
 from shardprep.format.errors import InputError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import split_name
 from shardprep.remote_input import read_heads

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardprep.format.errors import InputError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.remote_input import remote_sizes
 from shardprep.scan.class_folders import OrderedMap

@@ -51,8 +51,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shardprep.format.errors import InputError, OutputError, ShardprepError
+from shardprep.format.interface import CLI, Interface
 from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
-from shardprep.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
 from shardprep.scan.prefix import DOT_SEGMENTS, dot_segment_refusal

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardprep.format.errors import InputError, ShardprepError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.scan.walk import FileEntry, Problems, is_skipped_name, walk_files
 from shardprep.storage import describe_error, endpoint_hint, is_url, open_url
 

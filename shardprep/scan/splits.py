@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 
 from shardprep.format.errors import InputError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 
 __all__ = ["SPLIT_NAMES", "refuse_splits", "split_folder", "split_of_file"]
 

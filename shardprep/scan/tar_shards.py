@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardprep.format.errors import InputError
-from shardprep.interface import CLI, Interface
+from shardprep.format.interface import CLI, Interface
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.class_folders import OrderedMap
 from shardprep.scan.labels import LabelTable, cls_file_text

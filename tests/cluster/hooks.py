@@ -66,7 +66,13 @@ class NodeWrite:
 
     def __call__(self, task: ShardTask, progress: Progress | None = None) -> ShardRecord:
         assert task.upload is not None, "these hooks are for builds whose tasks upload"
-        held = _HeldUpload(task.upload.url, task.upload.storage_options, self.folder, task.index)
+        held = _HeldUpload(
+            task.upload.url,
+            task.upload.storage_options,
+            task.upload.interface,
+            folder=self.folder,
+            shard=task.index,
+        )
         return write_task(replace(task, upload=held), progress)
 
 

@@ -24,7 +24,7 @@ from shardprep.format.errors import (
     WorkersDiedError,
     WriteError,
 )
-from shardprep.interface import PYTHON
+from shardprep.format.interface import PYTHON
 from shardprep.inventory import PartRef, SampleRef
 from shardprep.scan import listing, scan
 from tests.conftest import write_class_folders

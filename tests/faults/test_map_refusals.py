@@ -20,9 +20,9 @@ import pytest
 import shardprep
 from shardprep.example import write_example
 from shardprep.format.errors import InputError, PlanError
+from shardprep.format.interface import CLI, PYTHON, Interface
 from shardprep.format.manifest import JOURNAL_NAME
 from shardprep.format.shardformat import decode_index
-from shardprep.interface import CLI, PYTHON, Interface
 from shardprep.transform import MapError, load_map
 from tests.integration import map_functions
 

@@ -1,7 +1,7 @@
 """Issue 34 item 9: a message names an option as its caller gives it: ``shardprep.build``'s
 keyword (``input_format='keyed'``, ``path_column=``, ``class_weights=``, ``storage_options=``,
 ``workers=``) for a Python-API build, the flag (``--format keyed``, ``--path-column``...) for
-``shardprep build``, through the build's one :class:`~shardprep.interface.Interface`.
+``shardprep build``, through the build's one :class:`~shardprep.format.interface.Interface`.
 
 Each test here was run with its fix reverted (the flag hard-coded again) and failed.
 """
@@ -16,7 +16,7 @@ import pytest
 import shardprep
 from shardprep.engine.ray_engine import _workers_died
 from shardprep.format.errors import InputError, PlanError
-from shardprep.interface import CLI, PYTHON
+from shardprep.format.interface import CLI, PYTHON
 from shardprep.storage import describe_error
 from tests.faults.helpers import error_lines, invoke, write
 
