@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from loader.elastic import Pass
-from loader.epochs import Restored
+from loader.epochs import Restored, ResumePoint
 from loader.errors import IncompatibleStateError
 from loader.state import ResumeState, rank_resume
 from loader.world import World
@@ -147,6 +147,21 @@ class EpochStream:
             # set_epoch's epoch wins, from its first item, in the rotation torchdata resumes
             self._restored = (saved.epoch, restored)
             return
+        point = self._layer.progress.resume_for(self._epoch)
+        if point is not None:
+            # ds.resume(state) was given a position of this epoch: it wins over torchdata's
+            # (a trainer that fetched ahead saved one more batch than it trained)
+            if saved.epoch != point.epoch:
+                raise IncompatibleStateError(
+                    f"the StatefulDataLoader state is of epoch {saved.epoch} and the state given "
+                    f"to ds.resume() of epoch {point.epoch}: resume both from the same "
+                    "checkpoint (the position ds.resume() got decides where the epoch goes on)",
+                    field="epoch",
+                    saved=saved.epoch,
+                    current=point.epoch,
+                )
+            self._restored = (saved.epoch, restored)
+            return
         self._epoch, self._history = saved.epoch, saved.history
         self._layer.progress.continue_after(self._counter, self._epoch)
         self._slot, self._yielded = slot, yielded
@@ -183,8 +198,12 @@ class EpochStream:
         reports = self._layer.progress.restored(saved_epoch, num_workers)
         consumed = sum(r.yielded for r in reports)
         history: tuple[Pass, ...] = ()
+        point = self._layer.progress.resume_for(self._epoch)
         if saved_epoch != self._epoch:  # set_epoch's epoch, from its start
             epoch = self._epoch
+        elif point is not None:
+            self._settle_resumed(point, self._first_asked(reports))
+            return
         elif mine.world_size == self._world.world_size:
             if not all(r.at_end for r in reports):
                 self._check_length(self._history, mine.world_size, consumed)  # the pass goes on
@@ -204,12 +223,38 @@ class EpochStream:
                 history, epoch = (), self._epoch + 1
             else:
                 self._check_length(history, mine.world_size, consumed)
-        slot = self._world.worker
-        if self._stream.batch_size is not None and consumed:
-            slots = [r.slot for r in reports]
-            last_worker = slots.index((consumed - 1) % num_workers)
-            slot = (self._world.worker - last_worker - 1) % num_workers
+        slot = (self._world.worker - self._first_asked(reports)) % num_workers
         self._epoch, self._slot, self._yielded, self._history = epoch, slot, 0, history
+        self._layer.progress.continue_after(self._counter, self._epoch)
+
+    def _first_asked(self, reports: list[Restored]) -> int:
+        """The worker torchdata asks first after restoring ``reports``: the one after the last
+        item's (0 when nothing was consumed, or without a batch size: worker ``d`` plays slot ``d``)."""
+        num_workers = self._world.num_workers
+        consumed = sum(r.yielded for r in reports)
+        if self._stream.batch_size is None or not consumed:
+            return 0
+        slots = [r.slot for r in reports]
+        return (slots.index((consumed - 1) % num_workers) + 1) % num_workers
+
+    def _settle_resumed(self, point: ResumePoint, first: int) -> None:
+        """Go on from ``point`` (what ``ds.resume(state)`` was given), torchdata asking ``first`` first.
+
+        The position given to ``resume`` is authoritative; the torchdata state
+        only tells the worker rotation. A trainer that fetches a batch ahead
+        (Lightning, in an epoch without ``len()``) saves a StatefulDataLoader
+        state one batch per rank past what it trained; ``state_after`` of the
+        last trained batch, given to ``resume``, puts the epoch back there.
+        """
+        world, num_workers = self._world, self._world.num_workers
+        turn = (world.worker - first) % num_workers  # this worker's place in torchdata's rotation
+        saved_world = point.world_size or world.world_size
+        if (saved_world, point.num_workers) == (world.world_size, num_workers):  # the pass goes on
+            self._history = point.history
+            self._slot, self._yielded = rank_resume(point.batches, num_workers, turn)
+        else:  # a new pass over what the saved one left
+            self._history = (*point.history, Pass(saved_world, point.num_workers, point.batches))
+            self._slot, self._yielded = turn, 0
         self._layer.progress.continue_after(self._counter, self._epoch)
 
     def _check_length(self, history: tuple[Pass, ...], saved_world: int, consumed: int) -> None:
@@ -245,8 +290,9 @@ class EpochStream:
             "after a trainer has read len(): Lightning would end the epoch after "
             f"{normal} batches, not where its data ends). Pass the same state to "
             "ds.resume(state) too, before len() is asked and the loader iterated (with "
-            "Lightning: in train_dataloader(), the loader state kept by on_load_checkpoint; "
-            "see docs/integrations.md)",
+            "Lightning: in train_dataloader(), ds.state_after(last trained batch) kept in the "
+            "checkpoint by on_save_checkpoint, whose position wins over the loader state; see "
+            "docs/integrations.md)",
             field="world_size",
             saved=saved_world,
             current=world.world_size,

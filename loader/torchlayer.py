@@ -159,14 +159,18 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         point = self.progress.pending_resume()
         resumed = length if point is None else self._resumed_length(point, world_size)
         if point is not None and resumed != length:
+            done = sum(p.batches for p in point.history) + point.batches
             raise TypeError(
                 f"ShardDataset has no len() in the epoch it resumes at another world: epoch "
                 f"{point.epoch} resumed at {world_size} ranks takes {resumed} batches per rank "
                 f"(those before the restart included), a normal epoch {length}, and a trainer "
                 "that counts every epoch to one len() (Lightning reads it once per fit) would "
                 "cut one of them short or end it before its count. Without len(), Lightning ends "
-                "each epoch where its data ends. len() is back once the next epoch's pass has "
-                "started (or after set_epoch of another epoch)"
+                f"each epoch where its data ends. A loop of your own: this pass yields "
+                f"{resumed - done} more batches per rank ({done} were trained before the "
+                "restart); iterate the loader to its end, or count that many for a schedule. "
+                "len() is back once the next epoch's pass has started (the next iter() of the "
+                "loader) or after set_epoch of another epoch"
             )
         return length
 

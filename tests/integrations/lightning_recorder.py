@@ -55,19 +55,21 @@ class Fit:
     # the docs' Lightning recipe: train_dataloader() sets the epoch Lightning's fit loop is about
     # to run, so that a fit resumed from an epoch-end checkpoint does not replay epoch 0's order
     epoch_hook: bool = False
-    stop: bool = False  # stop at STOP_AT_STEP, checkpointing every SAVE_EVERY steps and epoch
+    stop: bool = False  # stop at stop_at, checkpointing every SAVE_EVERY steps and epoch
+    stop_at: int = STOP_AT_STEP
     resume: tuple[str, str] | None = None  # (a "stop" fit, its checkpoint file) to resume from
-    # the docs' StatefulDataLoader recipe at any world size: on_load_checkpoint keeps the loader
-    # state Lightning will restore, and train_dataloader() hands it to ds.resume() first, so
-    # that len() counts the resumed epoch at this world before Lightning reads it
-    loader_resume: bool = False
     epochs: int = EPOCHS  # max_epochs
     refused: bool = False  # the fit must fail: each rank records its error instead of steps
 
 
-STATEFUL = Fit(stateful=True, epoch_hook=True, loader_resume=True)  # the docs' recipe
+# the docs' StatefulDataLoader recipe: Lightning restores the loader state, and the checkpoint
+# also keeps ds.state_after(last trained batch), given to ds.resume() in train_dataloader(): len()
+# then counts the resumed epoch at this world before Lightning reads it, and that position wins
+# over the loader state (saved one batch ahead where Lightning fetched ahead: no len())
+STATEFUL = Fit(stateful=True, epoch_hook=True, hooks=True)
 HOOKS = Fit(hooks=True)  # the docs' plain-DataLoader recipe (state_after / resume)
 ELASTIC_EPOCHS = EPOCHS + 1  # a resume at another world runs one normal epoch after its own
+CHAIN_STOP = STOP_AT_STEP + SAVE_EVERY  # a 3-rank fit resumed at step 20 stops here, in epoch 1
 
 FITS: dict[str, Fit] = {
     # uninterrupted, 2 epochs: the reference for every resume below
@@ -97,7 +99,12 @@ ELASTIC: dict[int, dict[str, Fit]] = {
         "stop-stateful-at3": replace(STATEFUL, stop=True),
         "stop-hooks-at3": replace(HOOKS, stop=True),
         "refused-at3": replace(
-            STATEFUL, loader_resume=False, resume=("stop-stateful", "step=20.ckpt"), refused=True
+            STATEFUL, hooks=False, resume=("stop-stateful", "step=20.ckpt"), refused=True
+        ),
+        # restarted again inside the resumed epoch (5 of its 7 batches), where Lightning
+        # fetched a batch ahead; resumed by the 2-rank job ("stateful-chain2")
+        "stop-stateful-chain3": replace(
+            STATEFUL, resume=("stop-stateful", "step=20.ckpt"), stop=True, stop_at=CHAIN_STOP
         ),
     },
     4: {
@@ -112,6 +119,10 @@ ELASTIC: dict[int, dict[str, Fit]] = {
         ),
         "hooks-from3": replace(
             HOOKS, resume=("stop-hooks-at3", "step=15.ckpt"), epochs=ELASTIC_EPOCHS
+        ),
+        # the rest of epoch 1 only
+        "stateful-chain2": replace(
+            STATEFUL, resume=("stop-stateful-chain3", f"step={CHAIN_STOP}.ckpt")
         ),
     },
 }
@@ -129,7 +140,6 @@ class KeyRecorder(L.LightningModule):
         self.loader_len: int | None = None
         self.last_position: dict[str, int] | None = None
         self.shard_state: dict[str, Any] | None = None  # from the checkpoint (hooks)
-        self.loader_state: dict[str, Any] | None = None  # from the checkpoint (loader_resume)
         # built before the process group exists: the rank is resolved when iteration starts
         self.dataset = self._dataset() if fit.build_in_init else None
 
@@ -140,12 +150,10 @@ class KeyRecorder(L.LightningModule):
         if self.dataset is None:
             self.dataset = self._dataset()
         dataset = self.dataset
-        if self.shard_state is not None:
-            dataset.resume(self.shard_state)
         if self.fit.epoch_hook:
             dataset.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
-        if self.loader_state is not None:
-            dataset.resume(self.loader_state)  # before Lightning asks len()
+        if self.shard_state is not None:
+            dataset.resume(self.shard_state)  # before Lightning asks len()
         # forkserver, never fork: gloo's threads can deadlock a forked worker on Python 3.11
         options: dict[str, Any] = {
             "batch_size": None,
@@ -188,10 +196,6 @@ class KeyRecorder(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.fit.hooks:
             self.shard_state = checkpoint["shard_state"]
-        if self.fit.loader_resume:
-            # the state Lightning restores into the StatefulDataLoader (one per train loader)
-            states = checkpoint["loops"]["fit_loop"]["state_dict"].get("combined_loader")
-            self.loader_state = states[0] if states else None
 
     def on_train_end(self) -> None:
         result = {
@@ -220,7 +224,7 @@ def run_fit(name: str, data: str, workdir: Path, devices: int) -> None:
         accelerator="cpu",
         devices=devices,
         max_epochs=fit.epochs,
-        max_steps=STOP_AT_STEP if fit.stop else -1,
+        max_steps=fit.stop_at if fit.stop else -1,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,

@@ -16,10 +16,12 @@ import pytest
 from torch.utils.data import DataLoader
 
 from loader import ShardDataset
+from loader.batch import POSITION
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import python_job, read_ranks, run_job
 from tests.integrations.lightning_recorder import (
     BATCH_SIZE,
+    CHAIN_STOP,
     DATASET_OPTIONS,
     ELASTIC,
     ELASTIC_EPOCHS,
@@ -236,7 +238,7 @@ def test_both_recipes_resume_the_same_batches(elastic: dict[str, list[Any]]) -> 
 def test_stateful_restore_without_the_recipe_hook_is_refused_before_training(
     elastic: dict[str, list[Any]],
 ) -> None:
-    """Without on_load_checkpoint passing the loader state to ds.resume(), len() says a normal
+    """Without the recipe's ds.resume(state_after) from the checkpoint, len() says a normal
     epoch at 3 ranks (10) before Lightning loads the state; the resumed epoch takes 12: refused by
     name at the first batch, before any training step, on every rank."""
     for record in elastic["refused-at3"]:
@@ -247,3 +249,105 @@ def test_stateful_restore_without_the_recipe_hook_is_refused_before_training(
         assert "saved at 2 ranks after 5 batches" in message
         assert "12 in the epoch where a normal epoch takes 10" in message
         assert "ds.resume(state) too" in message
+
+
+def test_stateful_recipe_restarted_again_inside_the_resumed_epoch(
+    elastic: dict[str, list[Any]],
+) -> None:
+    """2 -> 3 -> 2: the 3-rank fit resumed at step 20 stops at step 25, 5 of the 7 batches into
+    the resumed epoch, which has no len(): Lightning fetched a batch ahead, so the loader state
+    in the checkpoint is one batch per rank past what was trained. The recipe's state_after
+    given to ds.resume() wins over it: the 2-rank fit trains the rest of epoch 1, every sample of
+    the epoch once but the documented drops (without that rule 3 batches, 96 samples, were lost)."""
+    old, mid, new = 2, 3, 2
+    passes = [  # (fit, world): each one's epoch-1 steps, all trained
+        ("stop-stateful", old, DONE),
+        ("stop-stateful-chain3", mid, CHAIN_STOP - STOP_AT_STEP),
+        ("stateful-chain2", new, None),
+    ]
+    share = [(ODD_SAMPLES - ODD_SAMPLES % old) // old]  # each pass's samples per rank
+    seen: list[str] = []
+    for number, (fit, world, steps) in enumerate(passes):
+        for rank in range(world):
+            epoch1 = [s for s in elastic[fit][rank]["steps"] if s["epoch"] == 1]
+            assert len(epoch1) == (steps if steps is not None else batches(share[-1]))
+            assert [s["position"] for s in epoch1] == [[1, b] for b in range(len(epoch1))]
+            seen += [key for s in epoch1 for key in s["keys"]]
+        if steps is not None:  # the next pass's share of what this one left
+            rest = (share[-1] - steps * BATCH_SIZE) * world
+            share.append(rest // passes[number + 1][1])
+    last = elastic["stateful-chain2"]
+    for rank in range(new):
+        epoch1 = last[rank]["steps"]
+        assert last[rank]["loader_len"] is None
+        start = DONE + CHAIN_STOP - STOP_AT_STEP  # Lightning's count: 5 + 5 batches before
+        assert [s["batch_idx"] for s in epoch1] == list(range(start, start + len(epoch1)))
+        assert [s["last"] for s in epoch1] == [False] * (len(epoch1) - 1) + [True]
+    assert len(seen) == len(set(seen)), "a sample was trained on twice in epoch 1"
+    # uneven="drop" leaves out 941 % 2 at 2 ranks, then 620 % 3 of the rest at 3, 138 % 2 at 2
+    assert share == [470, 206, 69]
+    assert len(seen) == ODD_SAMPLES - 1 - 2 - 0
+
+
+def test_len_error_tells_a_plain_loop_the_batches_left(odd_build: Path) -> None:
+    """In process: after 5 batches at 2 ranks, resumed at 3, len() raises and says how many
+    batches the pass yields (7, as iterating it gives) and when len() is back."""
+    old = ShardDataset(str(odd_build), rank=0, world_size=2, **DATASET_OPTIONS)
+    old.set_epoch(1)
+    loader = iter(DataLoader(old, batch_size=None))
+    for _ in range(DONE):
+        batch = next(loader)
+    ds = ShardDataset(str(odd_build), rank=0, world_size=3, **DATASET_OPTIONS)
+    ds.resume(old.state_after(batch))
+    with pytest.raises(TypeError) as refused:
+        len(ds)
+    message = str(refused.value)
+    left = batches((ODD_SAMPLES - 1 - 2 * DONE * BATCH_SIZE) // 3)
+    assert f"this pass yields {left} more batches per rank ({DONE} were trained" in message
+    assert "the next iter() of the loader" in message
+    assert sum(1 for _ in DataLoader(ds, batch_size=None)) == left == 7
+
+
+def _rank0_keys(ds: ShardDataset, loader_state: dict[str, Any] | None) -> Steps:
+    """Rank 0's batches of the rest of the epoch: a StatefulDataLoader given ``loader_state``."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=NUM_WORKERS)
+    if loader_state is not None:
+        loader.load_state_dict(loader_state)
+    return [list(b["__key__"]) for b in loader]
+
+
+@pytest.mark.parametrize("new", [2, 3])
+def test_the_position_given_to_resume_wins_over_a_loaded_loader_state(
+    odd_build: Path, new: int
+) -> None:
+    """In process, rank 0 of 2 with a StatefulDataLoader: its state taken one batch after the
+    last trained one (as Lightning's fetch-ahead saves it). ds.resume(state_after(last trained))
+    plus load_state_dict(that later state) goes on right after the trained batch, at 2 ranks (the
+    pass goes on) and at 3 (a new pass), as ds.resume alone does; a loader state of another
+    epoch than the one ds.resume got is refused by name."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    old = ShardDataset(str(odd_build), rank=0, world_size=2, **DATASET_OPTIONS)
+    old.set_epoch(1)
+    loader = StatefulDataLoader(old, batch_size=None, num_workers=NUM_WORKERS)
+    stream = iter(loader)
+    trained = [next(stream) for _ in range(DONE)]
+    next(stream)  # fetched ahead, never trained
+    ahead = loader.state_dict()
+    del stream
+    state = old.state_after(trained[-1])
+
+    def fresh() -> ShardDataset:
+        ds = ShardDataset(str(odd_build), rank=0, world_size=new, **DATASET_OPTIONS)
+        ds.resume(state)
+        return ds
+
+    expected = _rank0_keys(fresh(), None)
+    assert _rank0_keys(fresh(), ahead) == expected
+    assert len(expected) == (BATCHES - DONE if new == 2 else 7)
+    later = fresh()
+    later.resume(old.state_after({**trained[-1], POSITION: {**trained[-1][POSITION], "epoch": 2}}))
+    with pytest.raises(Exception, match="StatefulDataLoader state is of epoch 1 and the state"):
+        _rank0_keys(later, ahead)
