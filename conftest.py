@@ -125,7 +125,21 @@ def doc_page(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The pages are written for GPU machines: on CPU, torch warns about pin_memory=True."""
+    """Files with multi-process jobs first; the doc pages' CPU warning ignored.
+
+    Under ``pytest -n 2 --dist loadfile`` each file runs whole on one worker, handed out in
+    collection order: a file of torchrun/Lightning/Ray jobs (marked ``slow`` or
+    ``distributed``) that came last would run alone at the end while the other worker idles,
+    so those files go first (longest-first scheduling); the order within a file is kept.
+    The pages are written for GPU machines: on CPU, torch warns about pin_memory=True.
+    """
+    heavy = {
+        i.path for i in items if i.get_closest_marker("slow") or i.get_closest_marker("distributed")
+    }
+    first_seen: dict[Path, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.path, index)
+    items.sort(key=lambda i: (i.path not in heavy, first_seen[i.path]))
     for item in items:
         if item.path.suffix == ".md":
             item.add_marker(

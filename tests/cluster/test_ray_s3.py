@@ -31,6 +31,7 @@ from tests.conftest import write_class_folders
 from tests.processes import run_bounded
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a real Ray instance per module: seconds per test
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 

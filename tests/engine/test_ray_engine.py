@@ -30,6 +30,7 @@ from tests.conftest import payload, write_class_folders
 from tests.engine.faulty import faults_in
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a real Ray instance per module: seconds per test
 
 SHARDS = 8
 CLASSES = {"ant": 41, "bee": 23, "cat": 30, "dog": 9}
