@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import shardprep
+from shardprep.example import write_example
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -66,4 +67,14 @@ def built_zstd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shardprep.build(
         str(raw), str(base / "out"), shards=10, workers=1, compression="zstd", progress=False
     )
+    return base / "out"
+
+
+@pytest.fixture(scope="session")
+def example_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's example (``shardprep example``: 1000 PNG images, 5 classes), built into
+    ``out`` (8 shards) beside its ``raw``. Read-only: tests build elsewhere."""
+    base = tmp_path_factory.mktemp("example")
+    write_example(str(base / "raw"))
+    shardprep.build(str(base / "raw"), str(base / "out"), shards=8, workers=1, progress=False)
     return base / "out"

@@ -1,4 +1,5 @@
-"""Shared by the fault-injection tests: the CLI in-process, and output-folder fingerprints."""
+"""Shared by the fault-injection tests: the CLI in-process, output-folder fingerprints, and
+small inputs (class folders, the example images, a damaged Parquet page)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
+import shardprep
 from shardprep.cli import cli
+from shardprep.example import write_example
 
 
 def invoke(*args: str) -> Result:
@@ -33,6 +37,11 @@ def tree_hashes(folder: Path) -> dict[str, str]:
     }
 
 
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    """The bytes of every file in ``folder``, by name."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
 def write(path: Path, data: bytes | str = b"x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data.encode() if isinstance(data, str) else data)
@@ -47,3 +56,28 @@ def class_folders(root: Path, seed: int, per_class: int = 20) -> Path:
         for i in range(per_class):
             write(root / f"c{c}" / f"{i:02d}.bin", rng.randbytes(300 + 7 * i))
     return root
+
+
+def example_raw(tmp_path_factory: pytest.TempPathFactory, name: str, samples: int) -> Path:
+    """``<mktemp(name)>/raw``: ``samples`` example images in 3 classes (seed 0)."""
+    base = tmp_path_factory.mktemp(name)
+    write_example(str(base / "raw"), samples, 3, 0)
+    return base / "raw"
+
+
+def map_reference(raw: Path, shards: int, map_spec: str) -> Path:
+    """``raw``'s sibling ``reference``: RAW built with ``map_spec`` (1 worker), as it should be."""
+    out = raw.parent / "reference"
+    shardprep.build(str(raw), str(out), shards=shards, workers=1, map=map_spec, progress=False)
+    return out
+
+
+def flip_page_byte(raw: Path, row_group: int, column: int) -> None:
+    """Flip one byte in the middle of the data pages of ``column`` in ``row_group`` of the
+    Parquet file ``raw`` (written uncompressed, so the flip lands in a payload)."""
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(raw).metadata.row_group(row_group).column(column)
+    data = bytearray(raw.read_bytes())
+    data[chunk.data_page_offset + chunk.total_compressed_size // 2] ^= 0xFF
+    raw.write_bytes(bytes(data))

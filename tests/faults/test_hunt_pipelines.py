@@ -30,6 +30,7 @@ from shardprep.scan.iterable import MAX_EXTENSIONS
 from shardprep.scan.parquet import MAX_CLASS_INDEX, ParquetInputError, _spill_path
 from shardprep.scratch import sweep_stale
 from shardprep.transform import MapError
+from tests.faults.helpers import flip_page_byte
 from tests.filesystems import tmpfs
 from tests.processes import run_bounded
 
@@ -176,10 +177,7 @@ def test_a_corrupted_page_with_a_checksum_is_refused(tmp_path: Path, scratch: Pa
         use_dictionary=False,
         compression="none",
     )
-    column = pq.ParquetFile(raw).metadata.row_group(1).column(1)
-    data = bytearray(raw.read_bytes())
-    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0xFF
-    raw.write_bytes(bytes(data))
+    flip_page_byte(raw, row_group=1, column=1)
     message = _refused(raw, tmp_path / "out", ParquetInputError, scratch)
     assert message.startswith(f"{raw}: row group 1 (rows 16-31) cannot be read")
     assert "CRC checksum verification failed" in message

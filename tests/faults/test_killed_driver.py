@@ -95,6 +95,17 @@ def _held(hooks: Path, process: subprocess.Popen[bytes], log: Path, count: int =
     return held
 
 
+@contextlib.contextmanager
+def _held_build(raw: Path, tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A build of ``raw`` into ``tmp/out`` (hooks in ``tmp/hooks``) in a session of its own,
+    once its two writers are held ``PASSED`` samples in: the build and the writers' pids."""
+    hooks, log = tmp / "hooks", tmp / "build.log"
+    hooks.mkdir()
+    (hooks / "hold").write_text(str(PASSED))
+    with _session(_command(raw, tmp / "out"), _env(hooks, tmp), log) as build:
+        yield build, _held(hooks, build, log)
+
+
 def _children(pid: int) -> set[int]:
     """The pids whose parent is ``pid`` (from /proc)."""
     found = set()
@@ -130,11 +141,8 @@ def test_writers_end_with_their_killed_build_and_resume_at_once_is_byte_identica
     reference: tuple[Path, dict[str, str]], tmp_path: Path, how: signal.Signals
 ) -> None:
     raw, expected = reference
-    hooks, out, log = tmp_path / "hooks", tmp_path / "out", tmp_path / "build.log"
-    hooks.mkdir()
-    (hooks / "hold").write_text(str(PASSED))
-    with _session(_command(raw, out), _env(hooks, tmp_path), log) as build:
-        writers = _held(hooks, build, log)
+    hooks, out = tmp_path / "hooks", tmp_path / "out"
+    with _held_build(raw, tmp_path) as (build, writers):
         assert set(writers) <= _children(build.pid), (writers, _children(build.pid))
         assert [n for n in os.listdir(out) if n.endswith(".partial")]  # shards in progress
         _kill_alone(build, how)
@@ -152,11 +160,8 @@ def test_a_resume_while_the_build_still_writes_is_refused_naming_it(
     reference: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     raw, expected = reference
-    hooks, out, log = tmp_path / "hooks", tmp_path / "out", tmp_path / "build.log"
-    hooks.mkdir()
-    (hooks / "hold").write_text(str(PASSED))
-    with _session(_command(raw, out), _env(hooks, tmp_path), log) as build:
-        writers = _held(hooks, build, log)
+    out = tmp_path / "out"
+    with _held_build(raw, tmp_path) as (build, writers):
         # the second build's map does not hold: without the lock it would write beside them
         started = time.monotonic()
         second = run_bounded(

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import shardprep
-from shardprep.example import write_example
 from shardprep.format.errors import BuildInterrupted, PlanError
 from shardprep.format.shardformat import decode_index
+from tests.faults.helpers import example_raw, map_reference, tree_bytes
 from tests.integration import map_functions
 from tests.processes import run_bounded
 
@@ -55,22 +55,14 @@ def ctrl_c_at(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
-
-
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("map-advice")
-    write_example(str(base / "raw"), 60, 3, 0)
-    return base / "raw"
+    return example_raw(tmp_path_factory, "map-advice", 60)
 
 
 @pytest.fixture(scope="module")
 def reference(raw: Path) -> Path:
-    out = raw.parent / "reference"
-    shardprep.build(str(raw), str(out), shards=SHARDS, workers=1, map=HALF, progress=False)
-    return out
+    return map_reference(raw, SHARDS, HALF)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -112,7 +104,7 @@ def test_cli_advice_after_a_map_error_is_the_command_that_works(
     ]
     fixed = _cli(*command, "--resume")  # exactly what the message says, the function fixed
     assert fixed.returncode == 0, fixed.stderr
-    assert _files(out) == _files(reference)
+    assert tree_bytes(out) == tree_bytes(reference)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -136,7 +128,7 @@ def test_cli_claims_no_kept_shard_when_none_finished_and_resume_still_works(
     assert fixed.returncode == 0, fixed.stderr
     clean = tmp_path / "clean"
     assert _cli(*[str(clean) if a == str(out) else a for a in command]).returncode == 0
-    assert _files(out) == _files(clean)
+    assert tree_bytes(out) == tree_bytes(clean)
 
 
 def test_cli_advice_after_overwrite_says_resume_instead(raw: Path, tmp_path: Path) -> None:

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 import shardprep
-from shardprep.example import write_example
 from shardprep.format.errors import InputError, PlanError
 from shardprep.format.interface import CLI, PYTHON, Interface
 from shardprep.format.manifest import JOURNAL_NAME
 from shardprep.format.shardformat import decode_index
 from shardprep.transform import MapError, load_map
+from tests.faults.helpers import example_raw, map_reference, tree_bytes
 from tests.integration import map_functions
 
 SHARDS = 8
@@ -31,22 +31,14 @@ HALF = "tests.integration.map_functions:half_size"
 FAILING_SHARD = 5
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
-
-
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("map-refusals")
-    write_example(str(base / "raw"), 120, 3, 0)
-    return base / "raw"
+    return example_raw(tmp_path_factory, "map-refusals", 120)
 
 
 @pytest.fixture(scope="module")
 def reference(raw: Path) -> Path:
-    out = raw.parent / "reference"
-    shardprep.build(str(raw), str(out), shards=SHARDS, workers=1, map=HALF, progress=False)
-    return out
+    return map_reference(raw, SHARDS, HALF)
 
 
 @pytest.fixture
@@ -129,7 +121,7 @@ def test_an_exception_stops_the_build_and_resume_with_the_fixed_map_finishes(
         str(raw), str(out), shards=SHARDS, workers=2, map=HALF, resume=True, progress=False
     )
     assert summary.reused_shards == FAILING_SHARD
-    assert _files(out) == _files(reference)
+    assert tree_bytes(out) == tree_bytes(reference)
 
 
 def test_a_failure_in_parallel_workers_names_the_sample(

@@ -28,6 +28,7 @@ from shardprep.format.shardformat import (
 )
 from shardprep.transform import MapError
 from shardprep.verify import verify_output
+from tests.faults.helpers import flip_page_byte
 from tests.faults.shard_surgery import _update_entry
 
 pa = pytest.importorskip("pyarrow")
@@ -291,10 +292,7 @@ def test_a_damaged_page_names_its_row_group_on_one_line(tmp_path: Path) -> None:
         use_dictionary=False,
         compression="none",
     )
-    column = pq.ParquetFile(raw).metadata.row_group(1).column(1)
-    data = bytearray(raw.read_bytes())
-    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0xFF
-    raw.write_bytes(bytes(data))
+    flip_page_byte(raw, row_group=1, column=1)
     message = _refused(raw, tmp_path / "out")
     assert "\n" not in message
     assert message.startswith(f"{raw}: row group 1 (rows 50-99) cannot be read (")

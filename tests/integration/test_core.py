@@ -13,11 +13,9 @@ import numpy as np
 import pytest
 import torch.utils.data
 
-import shardprep
 from loader import ShardDataset
 from loader.core import ShardStream
 from loader.npbatch import PackedBytes
-from shardprep.example import write_example
 from tests.processes import run_bounded
 
 # A meta path finder that makes every ``import torch`` fail, installed before anything else.
@@ -126,15 +124,6 @@ def test_core_sample_mode_and_numpy_batches(built: Path) -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def example_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's example (``shardprep example``: 1000 PNG images, 5 classes), built."""
-    base = tmp_path_factory.mktemp("example")
-    write_example(str(base / "raw"))
-    shardprep.build(str(base / "raw"), str(base / "out"), shards=8, workers=1, progress=False)
-    return base / "out"
 
 
 def test_jax_example_trains_without_torch(example_out: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import shardprep
 from loader import ShardDataset
-from shardprep.example import IMAGE_SIZE, write_example
+from shardprep.example import IMAGE_SIZE
 from tests.integrations.jobs import ROOT, job_env, run_job
 from tests.processes import run_bounded
 
@@ -33,14 +33,6 @@ def torchrun(*args: str) -> list[str]:
         str(SCRIPT),
         *args,
     ]
-
-
-@pytest.fixture(scope="module")
-def example_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("example")
-    write_example(str(base / "raw"))
-    shardprep.build(str(base / "raw"), str(base / "out"), shards=8, workers=1, progress=False)
-    return base / "out"
 
 
 def test_example_images_decode_to_one_uint8_batch(example_out: Path) -> None:
