@@ -3,8 +3,11 @@
 Columns become the sample's parts:
 
 - a binary column is a member named after the column (``jpg`` → ``<key>.jpg``);
-- a Hugging Face ``Image``/``Audio`` column (a struct ``{bytes, path}``) is one member
-  whose extension is that of ``path`` (else the column's name);
+- a media column (a Hugging Face ``Image``/``Audio`` struct ``{bytes, path}``, or a binary
+  column named ``image``/``audio``) is one member named by its bytes' format
+  (:mod:`shardprep.scan.media`: ``png``, ``jpg``, ``flac``, ...), else by ``path``'s
+  extension; one extension per column (refused otherwise, naming both rows), and bytes of
+  no known format without a path extension are refused, never written undecodable;
 - the label column (``--label-column``, default ``label`` if present) gives ``.cls``,
   its values interned as a listing's are (strings: class names sorted; integers: indices);
 - the key column (``--key-column``, default ``key`` or ``__key__`` if present) gives the
@@ -55,6 +58,7 @@ from shardprep.format.interface import CLI, Interface
 from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
+from shardprep.scan.media import MEDIA_COLUMNS, SNIFF_BYTES, describe_head, sniff
 from shardprep.scan.prefix import DOT_SEGMENTS, dot_segment_refusal
 from shardprep.scan.splits import refuse_splits, split_of_file
 from shardprep.scan.walk import OS_JUNK_NAMES, Tick
@@ -375,17 +379,6 @@ def _check_ext(ext: str, where: str, column: str = "", row: int = -1) -> None:
         )
 
 
-def _struct_ext(path: Any, column: str) -> str:
-    """A struct member's extension: that of its ``path``, lower-cased, else the column's name."""
-    if isinstance(path, str):
-        base = path.rsplit("/", 1)[-1]
-        dot = base.rfind(".")
-        ext = base[dot + 1 :].lower() if dot > 0 else ""
-        if ext and (reserved_member(ext) or (_EXT.fullmatch(ext) and ext not in RESERVED_EXTS)):
-            return ext  # (a reserved one is refused, naming the row: _spill_members)
-    return column
-
-
 class _Spill:
     """One Parquet file's payloads, appended to its spill file; every write checked."""
 
@@ -462,7 +455,7 @@ def scan_parquet(
     base = _base(raw, files)
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable(ParquetInputError)
-    seen: set[str] = set()  # member extensions the struct columns' paths gave, all files
+    formats: dict[str, tuple[str, str, int]] = {}  # media column -> (ext, file, row) first seen
     builder: Any = None
     first: tuple[str, _Columns] | None = None
     for location in files:
@@ -486,7 +479,7 @@ def scan_parquet(
             spill = _Spill(_spill_path(root, rel, location))
             try:
                 rows_of = _read(
-                    parquet, columns, where, rel, labels, spill, seen, folders, interface
+                    parquet, columns, where, rel, labels, spill, formats, folders, interface
                 )
                 for rows in rows_of:
                     for stem, label, parts, meta in rows:
@@ -621,7 +614,7 @@ def _read(
     rel: str,
     labels: LabelTable,
     spill: _Spill,
-    seen: set[str],
+    formats: dict[str, tuple[str, str, int]],
     folders: Mapping[str, str | None] | None = None,
     interface: Interface = CLI,
 ) -> Iterator[list[_Row]]:
@@ -638,7 +631,7 @@ def _read(
         for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=True):
             n = batch.num_rows
             unreleased += batch.nbytes
-            members = _spill_members(batch, columns, spill, where, seen, row)
+            members = _spill_members(batch, columns, spill, where, formats, row)
             keys = batch.column(columns.key).to_pylist() if columns.key else None
             if columns.label and columns.from_path(columns.label):
                 label_values: list[Any] | None = [folders[columns.label]] * n
@@ -789,54 +782,172 @@ _Part = tuple[str, int, int]
 
 
 def _spill_members(
-    batch: Any, columns: _Columns, spill: _Spill, where: str, seen: set[str], first_row: int
+    batch: Any,
+    columns: _Columns,
+    spill: _Spill,
+    where: str,
+    formats: dict[str, tuple[str, str, int]],
+    first_row: int,
 ) -> list[list[_Part | None]]:
     """Per member column, per row: (extension, size, spill offset), or None where null.
 
-    ``seen`` collects the extensions the struct columns' paths gave (refused past
-    MAX_EXTENSIONS, which the inventory cannot number); ``first_row`` is the batch's first
-    row in its file (named when a path gives a reserved extension).
+    A media column (a ``{bytes, path}`` struct, a binary column named ``image``/``audio``)
+    gets its extension from its payloads (:func:`_media_exts`); ``formats`` holds each such
+    column's extension and where it was first seen, for every file of the build;
+    ``first_row`` is the batch's first row in its file (named in refusals).
 
     A column's values are written as one block (its Arrow data buffer), so the per-row
-    work is arithmetic on the offsets array only.
+    work is arithmetic on the offsets array only (and, for media columns, a look at each
+    payload's first bytes).
     """
     out: list[list[tuple[str, int, int] | None]] = []
     for name in columns.binary:
-        out.append(_spill_binary(batch.column(name), [name] * batch.num_rows, spill))
+        values = _plain_binary(batch.column(name))
+        if name in MEDIA_COLUMNS:
+            exts = _media_exts(values, None, name, where, formats, first_row)
+        else:
+            exts = [name] * batch.num_rows
+        out.append(_spill_binary(values, exts, spill))
     for name in columns.structs:
         column = batch.column(name)
         kind = column.type
-        flat = column.flatten()
-        payload = flat[kind.get_field_index("bytes")]
+        flat = column.flatten()  # (the struct's own nulls are its fields' nulls here)
+        payload = _plain_binary(flat[kind.get_field_index("bytes")])
         path_index = kind.get_field_index("path")
         paths = flat[path_index].to_pylist() if path_index >= 0 else [None] * len(column)
-        exts = [_struct_ext(p, name) for p in paths]
-        for ext in set(exts) - seen:
-            _check_ext(ext, where, name, exts.index(ext) + first_row)
-            seen.add(ext)
-        if len(seen) > MAX_EXTENSIONS:
-            raise ParquetInputError(
-                f"{where}: the paths of column {name!r} give {len(seen):,} distinct member "
-                f"extensions so far; a build holds at most {MAX_EXTENSIONS:,}: set those paths "
-                "to names with the payload's real type (photo.jpg), or drop the path field",
-                where,
-            )
+        exts = _media_exts(payload, paths, name, where, formats, first_row)
         out.append(_spill_binary(payload, exts, spill))
     return out
 
 
-def _spill_binary(values: Any, exts: list[str], spill: _Spill) -> list[_Part | None]:
+def _plain_binary(values: Any) -> Any:
+    """``values`` as a binary or large_binary array (dictionary-decoded, views and fixed
+    size cast), whose buffers :func:`_spill_binary` and :func:`_media_exts` read."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
     if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
         values = values.cast(pa.large_binary())
+    return values
+
+
+def _offsets(values: Any) -> Any:
+    """The ``len(values) + 1`` offsets of a binary array into its data buffer, as int64."""
+    import pyarrow as pa
+
     width = np.int64 if pa.types.is_large_binary(values.type) else np.int32
-    _, offsets_buffer, data_buffer = values.buffers()
     n = len(values)
-    offsets = np.frombuffer(offsets_buffer, dtype=width)[values.offset : values.offset + n + 1]
-    offsets = offsets.astype(np.int64)
+    offsets = np.frombuffer(values.buffers()[1], dtype=width)[values.offset : values.offset + n + 1]
+    return offsets.astype(np.int64)
+
+
+def _media_exts(
+    values: Any,
+    paths: list[Any] | None,
+    column: str,
+    where: str,
+    formats: dict[str, tuple[str, str, int]],
+    first_row: int,
+) -> list[str]:
+    """Each row's member extension in media ``column`` (``paths``: a struct's path field).
+
+    The payload's own signature names it (:func:`~shardprep.scan.media.sniff`: ``png``,
+    ``jpg``, ``flac``, ...); a payload of no format known there takes its path's extension;
+    one with neither is refused, and so is a row whose bytes are null but whose path is
+    not (the picture is outside the file). Every row of a column, in every file, must give
+    the same extension (``formats``: the column's first), so a column is one field of every
+    sample (the loader's batches stay regular).
+
+    Raises:
+        ParquetInputError: naming file, column and row, as said above.
+    """
+    data = values.buffers()[2]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    offsets = _offsets(values).tolist()
+    valid = values.is_valid().to_pylist() if values.null_count else None
+    exts: list[str] = []
+    for i in range(len(values)):
+        row = first_row + i
+        if valid is not None and not valid[i]:
+            if paths is not None and paths[i] is not None:
+                raise ParquetInputError(_outside_refusal(where, column, row, paths[i]), where)
+            exts.append(column)  # (no member: the cell is null)
+            continue
+        start = offsets[i]
+        head = bytes(view[start : min(offsets[i + 1], start + SNIFF_BYTES)])
+        ext = sniff(head)
+        if ext is None and paths is not None:
+            ext = _path_ext(paths[i])
+            if ext is not None:
+                _check_ext(ext, where, column, row)
+        if ext is None:
+            raise ParquetInputError(
+                _unknown_refusal(where, column, row, head, paths is not None), where
+            )
+        first = formats.setdefault(column, (ext, where, row))
+        if first[0] != ext:
+            raise ParquetInputError(_mixed_refusal(where, column, row, ext, first), where)
+        exts.append(ext)
+    return exts
+
+
+def _path_ext(path: Any) -> str | None:
+    """The extension a struct's ``path`` ends with, lower-cased (``photos/1.PNG``: ``png``);
+    None for no path or no extension. (A reserved one is returned: the caller refuses it.)"""
+    if not isinstance(path, str):
+        return None
+    base = path.rsplit("/", 1)[-1]
+    dot = base.rfind(".")
+    ext = base[dot + 1 :].lower() if dot > 0 else ""
+    if ext and (reserved_member(ext) or (_EXT.fullmatch(ext) and ext not in RESERVED_EXTS)):
+        return ext
+    return None
+
+
+def _outside_refusal(where: str, column: str, row: int, path: str) -> str:
+    return (
+        f"{where}: row {row}: column {column!r} holds no bytes, only the path {path!r}: the "
+        "payload is outside the file, so the sample would lose it; write the export with the "
+        "bytes embedded (datasets: Dataset.to_parquet keeps only the path of an Image()/"
+        "Audio() loaded from local files; embed them first, e.g. ds.map(embed_table_storage, "
+        "batched=True) on ds.with_format('arrow'), or push_to_hub, which embeds)"
+    )
+
+
+def _unknown_refusal(where: str, column: str, row: int, head: bytes, has_path: bool) -> str:
+    known = "PNG, JPEG, GIF, WebP, BMP, TIFF, PPM/PGM, FLAC, WAV, MP3, Ogg or .npy"
+    path = " and no path with an extension" if has_path else ""
+    rename = (
+        "give the rows paths ending in their format's extension (photo.avif)"
+        if has_path
+        else "rename the column after the format (a binary column 'avif' becomes .avif members)"
+    )
+    return (
+        f"{where}: row {row}: column {column!r} holds bytes of no format shardprep recognises "
+        f"({known}; they begin {describe_head(head)}){path}, so its member would be named "
+        f".{column}, which no decoder knows: {rename}, or re-encode the column to one of "
+        "those formats"
+    )
+
+
+def _mixed_refusal(where: str, column: str, row: int, ext: str, first: tuple[str, str, int]) -> str:
+    first_ext, first_where, first_row = first
+    there = "" if first_where == where else f" of {first_where}"
+    return (
+        f"{where}: row {row}: column {column!r} holds a .{ext} payload, while row {first_row}"
+        f"{there} holds a .{first_ext}; a column becomes one member field of every sample "
+        "(the loader batches a field per extension), so it must hold one format: re-encode "
+        f"the column to one format before exporting, or split the .{ext} rows into a column "
+        "of their own"
+    )
+
+
+def _spill_binary(values: Any, exts: list[str], spill: _Spill) -> list[_Part | None]:
+    """Copy binary ``values`` (:func:`_plain_binary`) into ``spill`` as one block."""
+    data_buffer = values.buffers()[2]
+    n = len(values)
+    offsets = _offsets(values)
     lo, hi = int(offsets[0]), int(offsets[-1])
     at = (
         spill.write(memoryview(data_buffer)[lo:hi])

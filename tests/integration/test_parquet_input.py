@@ -46,7 +46,7 @@ def _label(i: int) -> str:
 
 def expected_sample(i: int) -> dict[str, bytes]:
     """The members row ``i`` must become (extension → bytes), ``.cls`` as written."""
-    members = {"png" if i % 10 else "image": _png(i)}  # a row without a path: the column's name
+    members = {"png": _png(i)}  # a row without a path too: its bytes are a PNG
     if i % 4:
         members["thumb"] = b"thumb-%d" % i * (i % 9)
     members["json"] = json.dumps({"caption": f"photo {i}", "score": i / 4}, sort_keys=True).encode()
