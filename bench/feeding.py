@@ -154,12 +154,12 @@ def floor(items: int, workers: int, rounds: int = 3) -> None:
 
 def threads(out: str, epochs: int) -> None:
     """Where the reads of an in-process epoch of the large-sample batch path go
-    (``loader.scatter``): per thread, the samples it read and the CPU-seconds it spent reading
+    (``loader.torch.scatter``): per thread, the samples it read and the CPU-seconds it spent reading
     them, beside the iterating thread's CPU-seconds in all."""
     import collections
     import threading
 
-    import loader.scatter as scatter
+    import loader.torch.scatter as scatter
 
     counts: collections.Counter[str] = collections.Counter()
     spent: collections.defaultdict[str, float] = collections.defaultdict(float)

@@ -194,10 +194,10 @@ def task_get_floor(spec: dict[str, Any]) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     t = time.perf_counter()
-    if spec.get("client") == "obstore":  # the same GETs in Rust (loader.obstore_backend's store)
+    if spec.get("client") == "obstore":  # the same GETs in Rust (loader.io.obstore_backend's store)
         import obstore
 
-        from loader.obstore_backend import ObstoreBackend
+        from loader.io.obstore_backend import ObstoreBackend
 
         store, _ = ObstoreBackend("s3", spec["storage_options"], 10, 30)._store("s3://bench/x")
 

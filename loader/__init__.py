@@ -20,13 +20,13 @@ from loader.errors import (
     UnreachableError,
     WorldMismatchError,
 )
+from loader.io.options import RemoteOptions
 from loader.options import ReadOptions
-from loader.source import RemoteOptions
-from loader.world import World
+from loader.plan.world import World
 
 if TYPE_CHECKING:
-    from loader.dataset import ShardDataset
-    from loader.mixdataset import GroupedDataset, MixedDataset
+    from loader.torch.dataset import ShardDataset
+    from loader.torch.mixdataset import GroupedDataset, MixedDataset
 
 __all__ = [
     "CorruptShardError",
@@ -46,11 +46,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The torch datasets import torch when first asked for (``loader.ShardDataset``, ...)."""
     if name == "ShardDataset":
-        from loader.dataset import ShardDataset
+        from loader.torch.dataset import ShardDataset
 
         return ShardDataset
     if name in ("MixedDataset", "GroupedDataset"):
-        from loader import mixdataset
+        from loader.torch import mixdataset
 
         return getattr(mixdataset, name)
     raise AttributeError(f"module 'loader' has no attribute {name!r}")

@@ -30,13 +30,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from loader.decode import make_decoder
-from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
-from loader.localahead import WindowPlan, local_ahead, window_reads
+from loader.io.files import large_samples, leaves_unread
+from loader.io.localahead import WindowPlan, local_ahead, window_reads
+from loader.io.ranges import BufferPool
+from loader.io.readahead import read_ahead
+from loader.io.source import Source
 from loader.options import ReadOptions
-from loader.order import SampleRange, epoch_order
-from loader.output import NumpyOutput, Output
-from loader.partition import (
+from loader.plan.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
+from loader.plan.order import SampleRange, epoch_order
+from loader.plan.partition import (
     Uneven,
     batch_slot_counts,
     batches_per_rank,
@@ -44,14 +46,14 @@ from loader.partition import (
     slice_order,
     slot_counts,
 )
-from loader.prefetch import ReadPlan, read_ahead, window_plan
-from loader.read import BufferPool, ShardReader, checked_indexes
-from loader.reweight import Reweighting
-from loader.shardfiles import large_samples, leaves_unread
-from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
-from loader.source import Source
-from loader.state import STATE_VERSION
-from loader.world import World
+from loader.plan.reads import ReadPlan, window_plan
+from loader.plan.reweight import Reweighting
+from loader.plan.state import STATE_VERSION
+from loader.plan.world import World
+from loader.read.decode import make_decoder
+from loader.read.output import NumpyOutput, Output
+from loader.read.reader import ShardReader, checked_indexes
+from loader.read.samples import ErrorPolicy, sample_stream, shuffled_windows
 from shardprep.format.shardformat import ShardIndex
 
 __all__ = ["ShardStream"]
@@ -62,9 +64,9 @@ class ShardStream:
 
     Arguments are those of ``loader.ShardDataset`` (see there) less the rank
     and world size, which ``iterate`` takes explicitly. With ``batch_size``,
-    ``iterate`` yields batches: dicts of NumPy arrays (``loader.npbatch``);
+    ``iterate`` yields batches: dicts of NumPy arrays (``loader.read.npbatch``);
     otherwise sample dicts (``{ext: bytes}`` plus ``__key__``, or decoded values).
-    ``output`` (``loader.output``) changes the array type: the torch layer
+    ``output`` (``loader.read.output``) changes the array type: the torch layer
     gives one that makes torch batches and image tensors.
 
     The order is a pure function of (manifest, seed, epoch, world size,
@@ -72,7 +74,9 @@ class ShardStream:
     agrees on the whole split without talking to the others.
     """
 
-    elastic = True  # a state saved at another world size or num_workers resumes (loader.elastic)
+    elastic = (
+        True  # a state saved at another world size or num_workers resumes (loader.plan.elastic)
+    )
 
     def __init__(
         self,
@@ -155,7 +159,7 @@ class ShardStream:
         """Samples of each worker slot in a pass: whole batches per slot with a batch size.
 
         ``history`` lists the earlier passes of ``epoch`` (elastic resume,
-        ``loader.elastic``); empty for a normal epoch, whose counts are the same
+        ``loader.plan.elastic``); empty for a normal epoch, whose counts are the same
         for every epoch. With a history, the rest is computed from the shard
         indexes (they are read).
         """
@@ -342,10 +346,10 @@ class ShardStream:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
         With a ``plan`` of what it will read, a remote output's reads are fetched ahead (and
-        through the cache) in that order (``loader.prefetch.read_ahead``); with ``windows``,
+        through the cache) in that order (``loader.io.readahead.read_ahead``); with ``windows``,
         the same plan window by window, a local output's next window is read and checked
-        ahead on one thread (``loader.localahead``). ``unread``: batches read their own large
-        samples from a local output (``loader.scatter``) instead.
+        ahead on one thread (``loader.io.localahead``). ``unread``: batches read their own large
+        samples from a local output (``loader.torch.scatter``) instead.
         """
         io = None if plan is None else read_ahead(self.source, self.manifest, plan)
         read = self.read

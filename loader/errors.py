@@ -7,6 +7,9 @@
     ├── IncompatibleStateError  a resume state from another dataset/seed/world (.field, .saved, .current)
     ├── UnreachableError        a remote read kept failing: server down, silent or cutting off (.url)
     └── WorldMismatchError      rank/world size cannot be determined consistently
+
+    RequestRefusedError (an OSError, not a LoaderError: what one fetch attempt raises, before
+    the retry loop of ``loader.io.source`` turns failures into ``UnreachableError``)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ __all__ = [
     "CorruptShardError",
     "IncompatibleStateError",
     "LoaderError",
+    "RequestRefusedError",
     "UnreachableError",
     "WorldMismatchError",
 ]
@@ -119,3 +123,8 @@ def _rebuild(cls: type[Exception], message: str, attributes: dict[str, Any]) -> 
     error = cls(message)
     error.__dict__.update(attributes)
     return error
+
+
+class RequestRefusedError(OSError):
+    """The server refused a request for a reason another attempt will not change (an HTTP 4xx
+    other than 401/403/404, which are ``PermissionError`` and ``FileNotFoundError``)."""

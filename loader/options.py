@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loader.source import RemoteOptions
+from loader.io.options import RemoteOptions
 
 __all__ = ["ReadOptions"]
 
@@ -20,14 +20,14 @@ class ReadOptions:
         verify: also check each whole shard's sha256 when a worker first reads it.
         on_error: ``"raise"`` (default) or ``"skip"``: replace unreadable samples
             with a flagged repeat (``__padded__``), so every rank keeps its count (a
-            mixture's batch comes out short by them instead: ``loader.mix``).
+            mixture's batch comes out short by them instead: ``loader.compose.mix``).
         max_consecutive_errors: with ``"skip"``, give up after this many
             unreadable ranges in a row.
         remote: timeouts and fsspec ``storage_options`` for a remote output.
         mapped: read local uncompressed shards through ``mmap`` (one copy fewer; about
             4% less CPU per GB measured). Off by default: a shard truncated in place by
             another program while a window is mapped kills the reading process with
-            SIGBUS (see ``loader.read``).
+            SIGBUS (see ``loader.read.reader``).
     """
 
     checksums: bool = True

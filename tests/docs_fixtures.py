@@ -148,7 +148,7 @@ def integrations(folder: Path, data: DocData) -> dict[str, Any]:
     link(folder, "OUT", data.png_out)
     # what the torchrun block's main() does first (its forkserver workers start without
     # importing torch again); it takes effect if this process has not started its forkserver yet
-    multiprocessing.set_forkserver_preload(["loader.dataset"])
+    multiprocessing.set_forkserver_preload(["loader.torch.dataset"])
     # the StatefulDataLoader block continues the torchrun block, whose `ds` lives in main()
     return {"ds": ShardDataset("OUT", batch_size=64), **training_parts()}
 

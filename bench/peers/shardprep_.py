@@ -14,7 +14,7 @@ from bench.peers.common import PAYLOAD_KEYS
 
 BUILD_IMPORTS = ("shardprep",)  # timed as "import s" of a build
 # timed as "import s" of a load: what ``from loader import ShardDataset`` imports
-LOAD_IMPORTS = ("loader", "loader.dataset", "torch.utils.data")
+LOAD_IMPORTS = ("loader", "loader.torch.dataset", "torch.utils.data")
 
 
 def build(raw: str, out: str, meta: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def batch_loader(
 ) -> Iterable[Any]:
     """``ShardDataset(out, batch_size=B)`` + ``DataLoader(batch_size=None)``: whole batches
     made in the workers, payloads packed in shared memory. Yields each batch's payload
-    column (a ``loader.batch.Packed``); ``collate`` is not used, the batch is already made."""
+    column (a ``loader.torch.batch.Packed``); ``collate`` is not used, the batch is already made."""
     from torch.utils.data import DataLoader
 
     from loader import ShardDataset

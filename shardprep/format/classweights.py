@@ -1,7 +1,7 @@
 """Class weights: the ``--class-weights`` / ``class_weights=`` spec and the apportioning it needs. Pure.
 
 Part of the format contract: the builder (``shardprep.weighting``) and the
-loader (``loader.reweight``, ``loader.mix``) read the same spec strings
+loader (``loader.plan.reweight``, ``loader.compose.mix``) read the same spec strings
 (``balanced``, ``sqrt``, a JSON file, ``cat=2,dog=1``) into the same shares,
 and split integer totals by shares the same way (largest remainders).
 """

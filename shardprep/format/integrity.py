@@ -1,6 +1,6 @@
 """Integrity: what must hold between a manifest entry, its shard index and its shard file.
 
-Pure checks, shared by the loader (``loader.read``) and ``shardprep verify``,
+Pure checks, shared by the loader (``loader.read.reader``) and ``shardprep verify``,
 so that nothing read from an index is trusted before it is checked:
 
 - :func:`check_index`: the index agrees with its manifest entry (sample count,
@@ -609,7 +609,7 @@ def _key_words(blob: npt.NDArray[np.uint8], key_len: Ints, key_start: Ints) -> t
     field's 13 words (keys too long for it: zeros), and each key's byte sum."""
     keys = np.zeros((len(key_len), _NAME_WORDS * 8), dtype=np.uint8)
     longest = int(key_len.max())
-    if longest < _NAME_BYTES:  # as keys are (see key_array in loader.read)
+    if longest < _NAME_BYTES:  # as keys are (see key_array in loader.read.reader)
         keys[:, :longest][np.arange(longest) < key_len[:, None]] = blob
     else:
         fits = key_len < _NAME_BYTES

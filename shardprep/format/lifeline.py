@@ -2,7 +2,7 @@
 
 Shared by the builder's worker pools (:mod:`shardprep.workers`: scan workers, shard writers
 and the ``--map`` functions they run) and the loader's DataLoader workers
-(``loader.lifeline``). A process killed by its pid alone (SIGKILL, SIGTERM, the
+(``loader.torch.lifeline``). A process killed by its pid alone (SIGKILL, SIGTERM, the
 out-of-memory killer, a scheduler) does not take its ``multiprocessing`` children with it:
 they are re-parented to PID 1 and run on (a builder's writers went on writing their shards
 for minutes into OUT, where a ``--resume`` started at once collided with them).

@@ -1,7 +1,7 @@
 """The on-disk contract: shard and index file names, tar member layout, index layout.
 
 This is the only module that knows how bytes are laid out on disk; the writer
-(``shardprep.write``) and the reader (``loader.read``) both import it.
+(``shardprep.write``) and the reader (``loader.read.reader``) both import it.
 ``docs/format.md`` documents the same layout field by field.
 
 Tar members are written as POSIX ustar headers with fixed metadata (mode 0644,

@@ -1,7 +1,7 @@
 """Storage options: how fsspec ``storage_options`` combine with defaults. Pure.
 
 Both sides open URLs with defaults of their own (the builder's
-``shardprep.storage.S3_DEFAULTS``, the loader's ``loader.source``) and the
+``shardprep.storage.S3_DEFAULTS``, the loader's ``loader.io.source``) and the
 user's ``storage_options`` on top, by the same rule: one key deep, so
 ``config_kwargs={"read_timeout": 300}`` keeps the other defaults of
 ``config_kwargs``.

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 
-from loader.mix import BATCHINGS
-from loader.mixdataset import GroupedDataset, MixedDataset
+from loader.compose.mix import BATCHINGS
+from loader.torch.mixdataset import GroupedDataset, MixedDataset
 
 
 def _epoch(

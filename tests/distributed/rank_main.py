@@ -16,7 +16,9 @@ import torch.distributed as dist
 def main(target: str, rank: int, world_size: int, tmp: str, kwargs: dict[str, object]) -> None:
     torch.set_num_threads(1)  # several ranks share 2 cores in CI
     # Workers fork from a clean, thread-free server that already imported torch and loader.
-    multiprocessing.set_forkserver_preload(["torch", "loader.dataset", "loader.mixdataset"])
+    multiprocessing.set_forkserver_preload(
+        ["torch", "loader.torch.dataset", "loader.torch.mixdataset"]
+    )
     module, name = target.split(":")
     fn = getattr(importlib.import_module(module), name)
 

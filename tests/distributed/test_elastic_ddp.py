@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loader.core import ShardStream
-from loader.elastic import pass_share
+from loader.plan.elastic import pass_share
 from tests.distributed.elastic_ranks import OPTIONS, elastic_pass, stateful_pass
 from tests.distributed.harness import run_ranks
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import shardprep
-from loader.mix import mixed_batches
+from loader.compose.mix import mixed_batches
 from tests.distributed.harness import run_ranks
 from tests.distributed.mix_ranks import groups, mixture
 

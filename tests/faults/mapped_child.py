@@ -15,10 +15,11 @@ import os
 import sys
 
 from loader.errors import CorruptShardError
+from loader.io.ranges import BufferPool
+from loader.io.source import Source
 from loader.options import ReadOptions
-from loader.order import SampleRange
-from loader.read import BufferPool, ShardReader
-from loader.source import Source
+from loader.plan.order import SampleRange
+from loader.read.reader import ShardReader
 
 
 def _reader(out: str) -> ShardReader:

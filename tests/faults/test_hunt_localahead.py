@@ -1,4 +1,4 @@
-"""Hostile use of the local read-ahead (``loader.localahead``): shards changed under a running
+"""Hostile use of the local read-ahead (``loader.io.localahead``): shards changed under a running
 epoch, a read error on the thread, Ctrl-C, abandoned iterators, killed and persistent DataLoader
 workers, a resumed StatefulDataLoader, a fork from inside an epoch, and memory over many
 windows. Real files and processes throughout; samples of 70-100 KiB and 1 MiB windows, so
@@ -25,9 +25,10 @@ import pytest
 from torch.utils.data import DataLoader
 
 import shardprep
-from loader import CorruptShardError, ShardDataset, localahead
+from loader import CorruptShardError, ShardDataset
 from loader.core import ShardStream
-from loader.localahead import THREAD_NAME
+from loader.io import localahead
+from loader.io.localahead import THREAD_NAME
 from tests.integration.test_localahead import KW, _threads, _until
 from tests.processes import run_bounded
 
@@ -201,7 +202,7 @@ def test_ctrl_c_as_the_thread_starts_or_stops(copy: Path, where: str) -> None:
 CHILD_CTRL_C = """
 import gc, random, signal, sys, threading, warnings
 from loader import ShardDataset
-from loader.localahead import THREAD_NAME
+from loader.io.localahead import THREAD_NAME
 
 warnings.simplefilter("ignore", ResourceWarning)  # an interrupt between open and with
 armed = [False]
@@ -534,7 +535,7 @@ def test_a_thread_ended_by_a_base_exception_fails_the_reads_it_left(
     """A ``BaseException`` that ends the read-ahead thread (none is raised there in practice; it
     is injected here, the only way to make one) fails the read that asks for the window at once,
     naming the thread and the shard, instead of an AssertionError or a 300 s wait."""
-    from loader import localahead
+    from loader.io import localahead
 
     out, jpgs = large
     real = localahead.LocalAhead._fill

@@ -1,4 +1,4 @@
-"""Hostile use of the scatter path (``loader.scatter``, ``loader.shardfiles``): the batch path of
+"""Hostile use of the scatter path (``loader.torch.scatter``, ``loader.io.files``): the batch path of
 a local, uncompressed output of large samples, where each batch reads its samples with one
 ``os.preadv`` each straight into its buffers and checks them there, in process on two threads.
 
@@ -31,11 +31,11 @@ from torch.utils.data import DataLoader
 
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from loader.batch import Packed
 from loader.core import ShardStream
-from loader.localahead import THREAD_NAME as AHEAD_THREAD
-from loader.shardfiles import SPLIT_MIN, THREAD_NAME
-from loader.torchoutput import TorchOutput
+from loader.io.files import SPLIT_MIN, THREAD_NAME
+from loader.io.localahead import THREAD_NAME as AHEAD_THREAD
+from loader.torch.batch import Packed
+from loader.torch.output import TorchOutput
 from shardprep.format.shardformat import decode_index
 from tests.conftest import write_class_folders
 from tests.faults import test_hunt_localahead as hunt
@@ -350,7 +350,7 @@ def test_a_shard_held_by_many_chunks_is_open_once(tmp_path: Path) -> None:
 def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     """A trace function raising KeyboardInterrupt (as Python's SIGINT handler does: in the
     main thread, at the code it runs) as the main thread enters ``threading.Thread.<name>``
-    called from ``loader/shardfiles.py``: a moment a real Ctrl-C may land."""
+    called from ``loader/io/files.py``: a moment a real Ctrl-C may land."""
     code = getattr(threading.Thread, name).__code__
 
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
@@ -388,7 +388,7 @@ def test_ctrl_c_as_the_split_thread_starts_or_stops(copy: Path, where: str) -> N
 CHILD_CTRL_C = """
 import gc, os, random, signal, sys, threading, warnings
 from loader import ShardDataset
-from loader.shardfiles import THREAD_NAME
+from loader.io.files import THREAD_NAME
 
 # an interrupt between a file's open() and the object that owns it leaves the file to the
 # garbage collector, which closes it (a ResourceWarning, no descriptor left: OPEN below)
@@ -623,9 +623,9 @@ print("PARENT", head + rest == whole, "CHILD", eval(got) == rest, os.waitstatus_
 # ahead of the batch asked for, so between batches the second thread has nothing in flight)
 SLOW_SECOND_THREAD = """
 import os, threading, time
-import loader.scatter
-from loader.shardfiles import THREAD_NAME
-_read, _fork, _lock = loader.scatter.positioned_read, os.fork, threading.Lock()
+import loader.torch.scatter
+from loader.io.files import THREAD_NAME
+_read, _fork, _lock = loader.torch.scatter.positioned_read, os.fork, threading.Lock()
 _in_flight, _reads, _reading = [0], [0], threading.Event()
 def _slow(*args):
     if threading.current_thread().name != THREAD_NAME:
@@ -648,7 +648,7 @@ def _fork_between_batches():
         assert _reads[0] > 0, "the second thread read nothing"
         assert _in_flight[0] == 0, "the second thread reads while no batch is asked for"
     return _fork()
-loader.scatter.positioned_read, os.fork = _slow, _fork_between_batches
+loader.torch.scatter.positioned_read, os.fork = _slow, _fork_between_batches
 """
 
 
@@ -768,7 +768,7 @@ def test_a_read_error_of_an_open_shard_names_it(
     """An ``OSError`` of ``os.preadv`` names no file (EIO from a disk, say): raised as the
     same type naming the shard and the bytes it was reading. (A directory's descriptor in
     place of shard 1's gives a real one: EISDIR.)"""
-    from loader.shardfiles import ShardFiles
+    from loader.io.files import ShardFiles
 
     directory = os.open(copy, os.O_RDONLY)
     real = ShardFiles.get

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import torch.utils.data
 
-import loader.read
+import loader.read.reader
 from loader import CorruptShardError, ShardDataset
-from loader.order import SampleRange
-from loader.read import ShardReader
-from loader.source import Source
+from loader.io.source import Source
+from loader.plan.order import SampleRange
+from loader.read.reader import ShardReader
 from shardprep.format.shardformat import (
     BLOCK,
     ShardIndex,
@@ -204,7 +204,7 @@ def test_a_version_3_flip_is_refused_naming_what_is_damaged(
     large ones are (each as it is handed out, or per batch), which the DataLoader's forked
     worker inherits."""
     if not precheck:
-        monkeypatch.setattr(loader.read, "PRECHECK_BYTES", 0)
+        monkeypatch.setattr(loader.read.reader, "PRECHECK_BYTES", 0)
     out = copy_output(built, tmp_path / "out")
     index, member, key, offset = _victim(out)
     data_at, size = int(index.member_offset[member]), int(index.member_size[member])

@@ -201,9 +201,9 @@ def test_intact_output_reads_and_verifies_clean(built: Path, built_zstd: Path) -
 
 def test_checksums_can_be_turned_off_on_the_reader(built: Path, tmp_path: Path) -> None:
     """The opt-out (ShardReader(checksums=False)) hands the damaged bytes out unchecked."""
-    from loader.order import SampleRange
-    from loader.read import ShardReader
-    from loader.source import Source
+    from loader.io.source import Source
+    from loader.plan.order import SampleRange
+    from loader.read.reader import ShardReader
 
     out = copy_output(built, tmp_path / "out")
     index = index_of(out, 4)
@@ -234,14 +234,14 @@ def test_an_index_read_again_after_leaving_the_cache_is_checked_again(
     """With room for one index only, every shard's index is read again and again: the epoch
     is the same, and an index swapped for another shard's after its first read (each passes
     ``check_index`` on its own) is refused by its sha256, not trusted from the first check."""
-    import loader.read
-    from loader.order import SampleRange
-    from loader.read import ShardReader
-    from loader.source import Source
+    import loader.read.reader
+    from loader.io.source import Source
+    from loader.plan.order import SampleRange
+    from loader.read.reader import ShardReader
     from shardprep.format.errors import ChecksumMismatchError
 
     expected = [(s["__key__"], s["bin"]) for s in ShardDataset(str(built), seed=3)]
-    monkeypatch.setattr(loader.read, "INDEX_CACHE_BYTES", 1)
+    monkeypatch.setattr(loader.read.reader, "INDEX_CACHE_BYTES", 1)
     assert [(s["__key__"], s["bin"]) for s in ShardDataset(str(built), seed=3)] == expected
     batches = list(ShardDataset(str(built), seed=3, batch_size=5))
     assert [k for b in batches for k in b["__key__"].tolist()] == [k for k, _ in expected]

@@ -1,4 +1,4 @@
-"""Mapped shards (loader/read.py): local plain shards are read through ``mmap``.
+"""Mapped shards (loader/read/reader.py): local plain shards are read through ``mmap``.
 
 A window's bytes are views of a read-only mapping of the shard, handed out exactly as the
 ``read()`` path hands them out. A shard that is not the file the manifest describes (another
@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from loader.order import SampleRange
-from loader.read import BufferPool, ShardReader
-from loader.source import Source
+from loader.io.ranges import BufferPool
+from loader.io.source import Source
+from loader.plan.order import SampleRange
+from loader.read.reader import ShardReader
 from tests.faults.shard_surgery import copy_output, index_of
 from tests.processes import run_bounded
 

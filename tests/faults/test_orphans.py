@@ -1,4 +1,4 @@
-"""A killed training process takes its DataLoader workers with it (loader.lifeline).
+"""A killed training process takes its DataLoader workers with it (loader.torch.lifeline).
 
 Each case runs ``tests/faults/orphan_job.py`` in its own session: a trainer whose
 2 DataLoader workers have each delivered a batch. The test SIGKILLs the trainer
@@ -71,7 +71,7 @@ def test_workers_of_a_wrapped_dataset_exit_with_a_trainer_killed_before_they_ite
     """A user's IterableDataset around a ShardDataset, forkserver: the workers start, but the
     ShardDataset's ``__iter__`` never runs in them (the wrapper's code before it never ends;
     likewise a trainer killed before it sent the first index, or a slow worker_init_fn).
-    They are tied to the trainer as they receive the dataset (``loader.lifeline``)."""
+    They are tied to the trainer as they receive the dataset (``loader.torch.lifeline``)."""
     started, log = tmp_path / "workers.txt", tmp_path / "trainer.log"
     trainer = _start_job([str(built), "forkserver", "wrapped", "0", str(started)], log)
     session = trainer.pid

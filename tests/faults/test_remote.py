@@ -24,8 +24,8 @@ fsspec = pytest.importorskip("fsspec")
 aiohttp = pytest.importorskip("aiohttp")
 
 from loader import RemoteOptions, ShardDataset, UnreachableError  # noqa: E402
-from loader import source as source_module  # noqa: E402
-from loader.source import Source  # noqa: E402
+from loader.io import source as source_module  # noqa: E402
+from loader.io.source import Source  # noqa: E402
 from shardprep.format.errors import ManifestError  # noqa: E402
 
 TOTAL = 103  # conftest ``built``
@@ -206,7 +206,7 @@ def test_a_trickling_shard_read_is_cut_by_the_attempt_deadline(built: Path, read
     names the shard. (Over http the open fsspec file this replaced was cut by fsspec's own
     timeout too; over s3 it was not: s3fs's file reads had only botocore's per-wait timeout.)"""
     from loader import ReadOptions
-    from loader.source import worst_case_s
+    from loader.io.source import worst_case_s
 
     behaviour = Behaviour(built, trickle=".tar")
     with serving(behaviour) as url:

@@ -14,7 +14,7 @@ import time
 
 import torch.utils.data
 
-from loader.mixdataset import MixedDataset
+from loader.torch.mixdataset import MixedDataset
 
 
 def main(first: str, second: str, samples: int, batching: str) -> dict[str, object]:

@@ -1,5 +1,5 @@
 """Large batch payloads cross from DataLoader workers through each worker's shared-memory ring
-(``loader.arena``): the bytes that arrive are exactly the in-process batches', whether a batch
+(``loader.torch.arena``): the bytes that arrive are exactly the in-process batches', whether a batch
 went through the ring or (ring full) through fresh shared memory, over epochs in which the ring
 wraps many times, under fork and spawn; and the main process keeps no ring of an exited worker."""
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import shardprep
-from loader import CorruptShardError, ReadOptions, ShardDataset, arena
+from loader import CorruptShardError, ReadOptions, ShardDataset
+from loader.torch import arena
 from shardprep.format.shardformat import decode_index
 from tests.conftest import write_class_folders
 from tests.processes import dataloader_iterator

@@ -1,4 +1,4 @@
-"""The batch assembler (``loader.assemble``) makes exactly the batches the per-sample path
+"""The batch assembler (``loader.torch.assemble``) makes exactly the batches the per-sample path
 makes (per-sample dicts joined by ``collate_samples``, forced here with an identity
 ``transform``): same fields in the same order, same keys, flags, weights, payload bytes and
 offsets, same positions; and a damaged member raises the same error, naming the sample."""
@@ -15,7 +15,7 @@ import torch
 
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from loader.batch import Packed
+from loader.torch.batch import Packed
 from shardprep.format.shardformat import decode_index
 
 

@@ -1,4 +1,4 @@
-"""The column path of ``loader.assemble._fast`` (``_field``) against the per-sample path, on
+"""The column path of ``loader.torch.assemble._fast`` (``_field``) against the per-sample path, on
 fields it cuts differently: members of one tiny size (gathered per window), members that are
 all empty (offsets of zero steps), and members of varied sizes, in batches within one window
 and spanning windows."""
@@ -12,7 +12,7 @@ import torch
 
 import shardprep
 from loader import ShardDataset
-from loader.batch import Packed
+from loader.torch.batch import Packed
 from tests.integration.test_assemble import _same
 
 

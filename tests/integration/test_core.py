@@ -15,7 +15,7 @@ import torch.utils.data
 
 from loader import ShardDataset
 from loader.core import ShardStream
-from loader.npbatch import PackedBytes
+from loader.read.npbatch import PackedBytes
 from tests.processes import run_bounded
 
 # A meta path finder that makes every ``import torch`` fail, installed before anything else.

@@ -1,5 +1,5 @@
 """Batches of small samples cross from DataLoader workers whole through the worker's ring
-(``loader.batch.Crossing``): payloads, offsets, keys and flags lie in one slot of the ring and
+(``loader.torch.batch.Crossing``): payloads, offsets, keys and flags lie in one slot of the ring and
 only a small header is pickled; what arrives is exactly what the pickled path delivers, kept
 batches stay intact while later ones fall back to pickling, and a dropped batch's slot is
 released."""
@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import shardprep
-from loader import ShardDataset, arena, torchoutput
-from loader.batch import Batch, Packed
+from loader import ShardDataset
+from loader.torch import arena
+from loader.torch import output as torchoutput
+from loader.torch.batch import Batch, Packed
 from tests.conftest import write_class_folders
 
 pytestmark = pytest.mark.skipif(not arena.RINGS, reason="rings are used on x86-64 only")

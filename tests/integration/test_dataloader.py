@@ -16,8 +16,8 @@ import pytest
 import torch.utils.data
 
 from loader import CorruptShardError, IncompatibleStateError, ReadOptions, ShardDataset
-from loader import read as read_module
-from loader.batch import Packed
+from loader.read import reader as read_module
+from loader.torch.batch import Packed
 from shardprep.format.errors import ChecksumMismatchError, ManifestError
 from shardprep.format.manifest import read_manifest
 from shardprep.format.shardformat import decode_index
@@ -434,7 +434,7 @@ def test_init_opens_nothing_and_pickles(built: Path) -> None:
 def test_decode_and_pickle_refusal(built: Path, tmp_path: Path) -> None:
     sample = next(iter(ShardDataset(str(built), decode=True)))
     assert isinstance(sample["cls"], int)
-    from loader.decode import make_decoder
+    from loader.read.decode import make_decoder
 
     decode = make_decoder(True)
     assert decode is not None
@@ -513,7 +513,7 @@ def test_reads_file_urls_and_fsspec_filesystems(built: Path) -> None:
 
 
 def test_transient_read_errors_are_retried(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loader import source as source_module
+    from loader.io import source as source_module
 
     monkeypatch.setattr(source_module, "BACKOFF_S", 0.0)
     failures = {"left": 2}
@@ -558,11 +558,11 @@ def test_batch_path_delivers_what_the_sample_path_does(built_zstd: Path, workers
 
 def test_batches_cross_through_the_workers_ring_whatever_their_size(built_zstd: Path) -> None:
     """A worker hands a payload tensor of 1 MiB or more over through shared memory (its ring,
-    ``loader.arena``; or a fresh segment), never one socket round trip per tensor; a batch of
+    ``loader.torch.arena``; or a fresh segment), never one socket round trip per tensor; a batch of
     small samples crosses whole through the ring too (payloads, offsets, keys and flags in one
-    slot, ``loader.batch.Crossing``), only a small header pickled."""
-    from loader import arena
-    from loader.batch import SHARE_BYTES
+    slot, ``loader.torch.batch.Crossing``), only a small header pickled."""
+    from loader.torch import arena
+    from loader.torch.batch import SHARE_BYTES
 
     for batch_size, shared in ((8, False), (1001, True)):
         arena._received.clear()

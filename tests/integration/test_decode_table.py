@@ -12,9 +12,9 @@ import torch
 
 import shardprep
 from loader import ShardDataset
-from loader.batch import Packed
 from loader.core import ShardStream
-from loader.npbatch import PackedBytes
+from loader.read.npbatch import PackedBytes
+from loader.torch.batch import Packed
 
 
 def test_decode_true_gives_what_the_docs_say(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch.utils.data
 
 from loader import IncompatibleStateError, ShardDataset
-from loader.elastic import pass_share
+from loader.plan.elastic import pass_share
 
 OPTIONS: dict[str, Any] = {"batch_size": 4, "shuffle_buffer": 8, "block_size": 8}
 

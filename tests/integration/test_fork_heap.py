@@ -2,7 +2,7 @@
 
 A full collection writes to the header of every object the collector tracks; in a worker
 forked from the training process that copies every page of the parent's Python heap it
-touches (``loader.forkheap``). The worker's copy is read off its own ``Private_Dirty``.
+touches (``loader.torch.lifeline.freeze_inherited``). The worker's copy is read off its own ``Private_Dirty``.
 """
 
 from __future__ import annotations

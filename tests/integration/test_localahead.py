@@ -1,9 +1,9 @@
-"""Local read-ahead (``loader.localahead``): a local output's next window read, and its samples
+"""Local read-ahead (``loader.io.localahead``): a local output's next window read, and its samples
 checked, on one thread. Samples here average ~85 KiB (above ``AHEAD_SAMPLE_BYTES``), so every
 window after the first is read ahead; windows of ~1 MiB hold several chunks and batches of 5
 span windows. The thread serves the per-sample path (a ``transform``, or ``decode``: ``KW``
 has an identity transform); the batch path of such an output reads each batch's samples
-itself (``loader.scatter``, tests/faults/test_hunt_scatter.py). What must hold: the batches
+itself (``loader.torch.scatter``, tests/faults/test_hunt_scatter.py). What must hold: the batches
 are exactly the ones made without the thread (and the files' bytes), in the same order; a damaged sample is named (shard and key) at the batch
 that holds it; ``on_error="skip"`` is unchanged; no thread before the first read, none after
 the iteration ends, is abandoned or raises; it works inside DataLoader workers."""
@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
-from loader.batch import Packed
 from loader.core import ShardStream
-from loader.localahead import THREAD_NAME, LocalAhead, window_reads
-from loader.read import BufferPool
-from loader.shuffle import plan_windows
+from loader.io.localahead import THREAD_NAME, LocalAhead, window_reads
+from loader.io.ranges import BufferPool
+from loader.plan.windows import plan_windows
+from loader.torch.batch import Packed
 from shardprep.format.errors import ChecksumMismatchError
 from shardprep.format.shardformat import decode_index
 
@@ -89,7 +89,7 @@ def test_batches_are_the_sample_paths_and_the_files_bytes(
     for epoch in range(2):
         ahead = ShardDataset(str(out), **KW)
         mapped = ShardDataset(str(out), **KW, read=ReadOptions(mapped=True))  # no thread
-        batched = ShardDataset(str(out), **BATCH_KW)  # (read by loader.scatter)
+        batched = ShardDataset(str(out), **BATCH_KW)  # (read by loader.torch.scatter)
         for ds in (ahead, mapped, batched):
             ds.set_epoch(epoch)
         it = iter(ahead)
@@ -185,7 +185,7 @@ def test_a_damaged_sample_is_named_at_the_batch_that_holds_it(
     order = [list(b["__key__"]) for b in ShardDataset(str(clean), **KW)]
     holding = next(i for i, keys in enumerate(order) if key in keys)
     errors = []
-    for kw in (KW, BATCH_KW):  # read ahead, and the batch path (loader.scatter)
+    for kw in (KW, BATCH_KW):  # read ahead, and the batch path (loader.torch.scatter)
         got = []
         with pytest.raises(CorruptShardError) as info:
             for batch in ShardDataset(str(out), **kw):

@@ -11,10 +11,10 @@ import pytest
 import torch.utils.data
 
 from loader import IncompatibleStateError
+from loader.compose.groups import GroupedStream
+from loader.compose.mix import MixedPlan, MixedStream, PerSourcePlan
 from loader.core import ShardStream
-from loader.groups import GroupedStream
-from loader.mix import MixedPlan, MixedStream, PerSourcePlan
-from loader.mixdataset import GroupedDataset, MixedDataset
+from loader.torch.mixdataset import GroupedDataset, MixedDataset
 
 
 def test_class_weights_of_a_source_still_apply(built: Path, built_zstd: Path) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from loader.mix import MAX_SAMPLES_PER_EPOCH
-from loader.mixdataset import MixedDataset
+from loader.compose.mix import MAX_SAMPLES_PER_EPOCH
+from loader.torch.mixdataset import MixedDataset
 from tests.processes import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Shard indexes read and checked once, where the dataset is constructed (``loader.read.
+"""Shard indexes read and checked once, where the dataset is constructed (``loader.read.reader.
 checked_indexes``): forked DataLoader workers inherit them instead of reading, hashing and
 checking every index again; a spawned worker (the dataset pickled) reads its own; an index
 that fails at construction is reported where it is read, as before."""
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch.utils.data
 
-import loader.read
+import loader.read.reader
 from loader import ShardDataset
-from loader.read import checked_indexes
-from loader.source import Source
+from loader.io.source import Source
+from loader.read.reader import checked_indexes
 from shardprep.format.errors import ChecksumMismatchError
 from tests.processes import dataloader_iterator
 
@@ -85,11 +85,11 @@ def test_indexes_over_the_budget_are_not_shared(out: Path, monkeypatch: pytest.M
     manifest = source.manifest()
     assert sorted(checked_indexes(source, manifest)) == list(range(8))
     total = sum(e.index_bytes for e in manifest.shards)
-    monkeypatch.setattr(loader.read, "SHARED_INDEX_BYTES", total - 1)  # the files' bytes
+    monkeypatch.setattr(loader.read.reader, "SHARED_INDEX_BYTES", total - 1)  # the files' bytes
     assert checked_indexes(source, manifest) == {}
-    monkeypatch.setattr(loader.read, "SHARED_INDEX_BYTES", total)
+    monkeypatch.setattr(loader.read.reader, "SHARED_INDEX_BYTES", total)
     assert len(checked_indexes(source, manifest)) == 8
-    monkeypatch.setattr(loader.read, "INDEX_CACHE_BYTES", 1000)  # their slimmed bytes
+    monkeypatch.setattr(loader.read.reader, "INDEX_CACHE_BYTES", 1000)  # their slimmed bytes
     assert checked_indexes(source, manifest) == {}
 
 
@@ -102,13 +102,13 @@ def test_the_indexes_are_checked_on_threads_that_are_gone_once_constructed(
     import threading
 
     names: set[str] = set()
-    load = loader.read.ShardReader._hashed_index
+    load = loader.read.reader.ShardReader._hashed_index
 
-    def spy(self: loader.read.ShardReader, shard: int) -> Any:
+    def spy(self: loader.read.reader.ShardReader, shard: int) -> Any:
         names.add(threading.current_thread().name)
         return load(self, shard)
 
-    monkeypatch.setattr(loader.read.ShardReader, "_hashed_index", spy)
+    monkeypatch.setattr(loader.read.reader.ShardReader, "_hashed_index", spy)
     bad = sorted(out.glob("*.idx"))[5]
     data = bytearray(bad.read_bytes())
     data[-1] ^= 0xFF

@@ -1,5 +1,5 @@
 """A reader alone in its process shares its local reads with one more thread
-(``loader.shardfiles.SplitReads``): a window's bytes in 1 MiB parts, a batch's samples one by one.
+(``loader.io.files.SplitReads``): a window's bytes in 1 MiB parts, a batch's samples one by one.
 
 Pinned here: the bytes read are the file's, a read that meets the end of the file says how far
 it got, a job the other thread has not taken when the caller is done is withdrawn (the caller
@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import shardprep
 from loader import CorruptShardError, ShardDataset
-from loader.shardfiles import SPLIT_BYTES, THREAD_NAME, SplitReads
+from loader.io.files import SPLIT_BYTES, THREAD_NAME, SplitReads
 from tests.integration.test_localahead import _until, same
 
 
@@ -187,17 +187,17 @@ def test_one_window_buffer_serves_the_whole_epoch(
     peaked 16 MiB higher on `small`)."""
     import multiprocessing
 
-    from loader import read
+    from loader.io import ranges
 
     allocated = multiprocessing.Value("i", 0)  # (shared: workers count in it too)
-    real = read.allocate
+    real = ranges.allocate
 
     def counting(size: int) -> Any:
         with allocated.get_lock():
             allocated.value += 1
         return real(size)
 
-    monkeypatch.setattr(read, "allocate", counting)
+    monkeypatch.setattr(ranges, "allocate", counting)
     kw = {"batch_size": 16, "shuffle_buffer_bytes": 512 << 10, "block_size": 32, "seed": 1}
     n = sum(
         len(b["__key__"])

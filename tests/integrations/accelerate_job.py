@@ -91,7 +91,7 @@ def run_part(part: str, data: str, workdir: Path) -> None:
 def main() -> None:
     data, workdir = sys.argv[1], Path(sys.argv[2])
     # workers unpickle a ShardDataset, or accelerate's wrapper around one: import them once
-    multiprocessing.set_forkserver_preload(["loader.dataset", "accelerate.data_loader"])
+    multiprocessing.set_forkserver_preload(["loader.torch.dataset", "accelerate.data_loader"])
     for part in PARTS:
         run_part(part, data, workdir)
 

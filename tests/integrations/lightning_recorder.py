@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from loader import ShardDataset
-from loader.batch import POSITION
+from loader.torch.batch import POSITION
 
 BATCH_SIZE = 32
 NUM_WORKERS = 2
@@ -258,6 +258,6 @@ def main() -> None:
     parser.add_argument("--fits", default=",".join(FITS), help="comma-separated names")
     args = parser.parse_args()
     # Workers unpickle a ShardDataset: import torch and the loader once, in the fork server.
-    multiprocessing.set_forkserver_preload(["loader.dataset"])
+    multiprocessing.set_forkserver_preload(["loader.torch.dataset"])
     for name in args.fits.split(","):
         run_fit(name, args.data, args.workdir, args.devices)

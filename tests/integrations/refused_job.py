@@ -1,7 +1,7 @@
 """A trainer whose DataLoader workers refuse to iterate (a guard), then waits to be killed.
 
 ``python -m tests.integrations.refused_job DATA GUARD REPORT`` makes a 2-worker
-forkserver DataLoader that a ``loader.guards`` check refuses in every worker:
+forkserver DataLoader that a ``loader.torch.guards`` check refuses in every worker:
 
 * ``rebatched``: ``DataLoader(ShardDataset(batch_size=4), batch_size=2)`` (``TypeError``);
 * ``resplit``: the dataset wrapped in accelerate's ``IterableDatasetShard`` over 2

@@ -16,7 +16,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from loader import ShardDataset
-from loader.batch import POSITION
+from loader.torch.batch import POSITION
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import python_job, read_ranks, run_job
 from tests.integrations.lightning_recorder import (

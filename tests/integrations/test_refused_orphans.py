@@ -1,9 +1,9 @@
 """A trainer killed after a guard refused its DataLoader leaves no process behind.
 
-``loader.guards`` refuses a DataLoader ``batch_size`` over a batching ShardDataset and
+``loader.torch.guards`` refuses a DataLoader ``batch_size`` over a batching ShardDataset and
 accelerate's re-splitting wrapper inside each worker, in ``TorchLayer.__iter__``. The
 refused workers stay alive, waiting for work; under ``forkserver`` their parent is the
-fork server, so only the lifeline (``loader.lifeline``) ends them, and with them the fork
+fork server, so only the lifeline (``loader.torch.lifeline``) ends them, and with them the fork
 server and the resource tracker, when the trainer dies. The lifeline is started before
 the guards run (it once came after them: everything was still running 20 s and 90 s
 after the kill). Same checks as ``tests/faults/test_orphans.py``, whose helpers these are.

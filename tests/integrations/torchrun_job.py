@@ -63,7 +63,9 @@ def main() -> None:
     from loader import ShardDataset
 
     data, workdir = sys.argv[1], Path(sys.argv[2])
-    multiprocessing.set_forkserver_preload(["loader.dataset"])  # workers unpickle a ShardDataset
+    multiprocessing.set_forkserver_preload(
+        ["loader.torch.dataset"]
+    )  # workers unpickle a ShardDataset
     options: dict[str, Any] = {"batch_size": BATCH_SIZE, "decode": True, "shuffle_buffer": 16}
     dataset = ShardDataset(data, **options)  # before the process group exists
     dist.init_process_group("gloo")

@@ -5,7 +5,7 @@
 ``OPTIONS_JSON``: ``RemoteOptions`` keywords. With ``--iterate-first`` the process reads the
 whole epoch itself first (starting obstore here) before the DataLoader forks its workers.
 Reports the sha256 of every (key, bytes) in sorted order, the count, and for each worker
-whether it read with obstore (``loader.obstore_backend`` started in that very process).
+whether it read with obstore (``loader.io.obstore_backend`` started in that very process).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Reporting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.inner
-        from loader import obstore_backend
+        from loader.io import obstore_backend
 
         yield {"report": obstore_backend._started_pid == os.getpid(), "pid": os.getpid()}
 

@@ -19,7 +19,7 @@ import time
 def main() -> None:
     url, name, start, stop, spec = sys.argv[1:6]
     from loader import RemoteOptions
-    from loader.source import Source
+    from loader.io.source import Source
 
     source = Source(url, RemoteOptions(**json.loads(spec)))
     began = time.monotonic()

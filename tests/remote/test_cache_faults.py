@@ -22,10 +22,10 @@ import pytest
 
 import shardprep
 from loader import ReadOptions, RemoteOptions, ShardDataset
-from loader import source as source_module
-from loader.cache import ShardCache
-from loader.cachedir import CACHE_FOLDER, cache_bytes
-from loader.source import Source
+from loader.io import source as source_module
+from loader.io.cache import ShardCache
+from loader.io.cachedir import CACHE_FOLDER, cache_bytes
+from loader.io.source import Source
 from shardprep.format.errors import ChecksumMismatchError
 from tests.conftest import write_class_folders
 from tests.filesystems import tmpfs
@@ -255,8 +255,9 @@ def test_a_damaged_cached_file_and_a_damaged_remote_raise_naming_both(
 
 DOWNLOADER = """
 import json, sys
-from loader.cache import ShardCache
-from loader.source import RemoteOptions, Source
+from loader.io.cache import ShardCache
+from loader.io.options import RemoteOptions
+from loader.io.source import Source
 url, options, cache_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 source = Source(url, RemoteOptions(storage_options=options, cache_dir=cache_dir))
 manifest = source.manifest()

@@ -19,8 +19,8 @@ import torch.utils.data
 pytest.importorskip("obstore")
 
 from loader import ReadOptions, RemoteOptions, ShardDataset  # noqa: E402
-from loader.prefetch import THREAD_NAME, concurrency  # noqa: E402
-from loader.source import Source  # noqa: E402
+from loader.io.readahead import THREAD_NAME, concurrency  # noqa: E402
+from loader.io.source import Source  # noqa: E402
 from tests.s3 import Proxy, S3Server  # noqa: E402
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes

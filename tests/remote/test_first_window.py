@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from loader.prefetch import THREAD_NAME, Read, _Pool, plan_groups
+from loader.io.readahead import THREAD_NAME, _Pool
+from loader.plan.reads import Read, plan_groups
 
 DEADLINE_S = 60.0
 

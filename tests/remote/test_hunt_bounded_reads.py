@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from loader import ReadOptions, RemoteOptions, ShardDataset, UnreachableError
-from loader import source as source_module
-from loader.source import RETRIES, worst_case_s
+from loader.io import source as source_module
+from loader.io.source import RETRIES, worst_case_s
 from tests.integration.test_localahead import _until
 from tests.s3 import S3Server
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from loader import ReadOptions, RemoteOptions, ShardDataset
-from loader.cache import ShardCache
-from loader.cachedir import CACHE_FOLDER
-from loader.source import Source
+from loader.io.cache import ShardCache
+from loader.io.cachedir import CACHE_FOLDER
+from loader.io.source import Source
 from tests.s3 import S3Server
 
 USER = {

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from loader import CorruptShardError, ReadOptions, RemoteOptions
-from loader import source as source_module
+from loader.compose.mix import MixedStream
 from loader.core import ShardStream
-from loader.mix import MixedStream
+from loader.io import source as source_module
 from shardprep.format.manifest import read_manifest
 from shardprep.format.shardformat import decode_index
 from tests.remote.test_read_s3 import gets, read_ahead_threads
@@ -72,7 +72,7 @@ def test_a_remote_mixture_reads_ahead_and_gives_the_local_batches(
     local = _slots(_mixture(str(built), str(built_zstd), batching=batching))
     assert [len(s) for s in local] == [15, 15, 13] and local[2] == local[1][2:]
     assert sum(len(b) for s in local[:2] for b in s) == 300
-    with caplog.at_level(logging.WARNING, logger="loader.prefetch"):
+    with caplog.at_level(logging.WARNING, logger="loader.io.readahead"):
         before = len(proxy.requests)
         ahead = _mixture(uploaded["tar"], uploaded["zstd"], _read(s3, proxy), batching=batching)
         assert _slots(ahead) == local
@@ -186,7 +186,7 @@ def test_remote_rank_groups_read_ahead_and_give_the_local_batches(
     built_zstd: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from loader.groups import GroupedStream
+    from loader.compose.groups import GroupedStream
 
     def make(tar: str, zstd: str, read: ReadOptions | None = None) -> GroupedStream:
         sources = [ShardStream(tar, read=read), ShardStream(zstd, read=read)]
@@ -199,7 +199,7 @@ def test_remote_rank_groups_read_ahead_and_give_the_local_batches(
     local = keys(make(str(built), str(built_zstd)))
     assert [len(r) for r in local] == [30, 30, 30]
     before = len(proxy.requests)
-    with caplog.at_level(logging.WARNING, logger="loader.prefetch"):
+    with caplog.at_level(logging.WARNING, logger="loader.io.readahead"):
         assert keys(make(uploaded["tar"], uploaded["zstd"], _read(s3, proxy))) == local
     assert not [r for r in caplog.records if "not the planned" in r.getMessage()]
     middle = len(proxy.requests)

@@ -27,10 +27,10 @@ from loader import (  # noqa: E402
     ShardDataset,
     obstore_backend,  # noqa: E402
 )
-from loader import source as source_module  # noqa: E402
-from loader.fetch import backend_for  # noqa: E402
-from loader.obstore_backend import UntranslatableOption, translate  # noqa: E402
-from loader.source import RETRIES, Source, worst_case_s  # noqa: E402
+from loader.io import source as source_module  # noqa: E402
+from loader.io.fetch import backend_for  # noqa: E402
+from loader.io.obstore_backend import UntranslatableOption, translate  # noqa: E402
+from loader.io.source import RETRIES, Source, worst_case_s  # noqa: E402
 from tests.processes import run_bounded  # noqa: E402
 from tests.remote.test_silent_endpoint import Endpoint, probe, s3_options  # noqa: E402
 from tests.s3 import Proxy, S3Server  # noqa: E402

@@ -19,12 +19,12 @@ import pytest
 import torch.utils.data
 
 from loader import CorruptShardError, ReadOptions, RemoteOptions, ShardDataset
-from loader import cache as cache_module
-from loader import source as source_module
-from loader.cache import ShardCache
-from loader.cachedir import cache_bytes
-from loader.prefetch import THREAD_NAME
-from loader.source import Source
+from loader.io import cache as cache_module
+from loader.io import source as source_module
+from loader.io.cache import ShardCache
+from loader.io.cachedir import cache_bytes
+from loader.io.readahead import THREAD_NAME
+from loader.io.source import Source
 from tests.distributed.harness import run_ranks
 from tests.distributed.ranks import OPTIONS
 from tests.processes import run_bounded
@@ -94,7 +94,7 @@ def test_read_ahead_gives_the_local_order_and_bytes_and_resumes_exactly(
         uploaded[kind], read=remote(s3, proxy, request_bytes=3000, read_ahead_bytes=20_000), **opts
     )
     direct = ShardDataset(uploaded[kind], read=remote(s3, proxy, read_ahead_bytes=0), **opts)
-    with caplog.at_level(logging.WARNING, logger="loader.prefetch"):
+    with caplog.at_level(logging.WARNING, logger="loader.io.readahead"):
         assert batches(ahead) == local
         assert batches(direct) == local
         # resume mid-epoch (epoch 1): the schedule starts at the resume point

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from loader import ReadOptions, RemoteOptions, ShardDataset, UnreachableError
-from loader import source as source_module
-from loader.source import RETRIES, Source, worst_case_s
+from loader.io import source as source_module
+from loader.io.source import RETRIES, Source, worst_case_s
 from tests.processes import run_bounded
 from tests.s3 import Proxy, S3Server
 

@@ -1,6 +1,6 @@
 """A small batch's crossing in one process: ``Arena.place`` writes its arrays into one slot of
-the ring, aligned, and ``loader.batch._rebuild_crossed`` lends them back as views of the ring
-(``loader.arena._Ring``), whose bytes return to the worker oldest first once every view of a
+the ring, aligned, and ``loader.torch.batch._rebuild_crossed`` lends them back as views of the ring
+(``loader.torch.arena._Ring``), whose bytes return to the worker oldest first once every view of a
 payload is freed."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from loader import arena
-from loader.arena import ALIGN, HEADER, Arena
-from loader.batch import Packed, _rebuild_crossed, cross
+from loader.torch import arena
+from loader.torch.arena import ALIGN, HEADER, Arena
+from loader.torch.batch import Packed, _rebuild_crossed, cross
 
 
 @pytest.fixture(autouse=True)

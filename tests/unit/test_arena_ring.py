@@ -1,4 +1,4 @@
-"""The worker ring's arithmetic (``loader.arena.ring_slot``), simulated: a payload never
+"""The worker ring's arithmetic (``loader.torch.arena.ring_slot``), simulated: a payload never
 overlaps a payload the receiving process still holds, never wraps, and with the default
 ``BATCHES`` a DataLoader with ``prefetch_factor=2`` (a worker writes batch k while k - 1 is
 in flight and k - 2 is held by the consumer) always finds room for batches up to 1/4 larger
@@ -11,8 +11,8 @@ from collections import deque
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader import arena
-from loader.arena import ring_slot
+from loader.torch import arena
+from loader.torch.arena import ring_slot
 
 
 def _run(first: int, sizes: list[int], held: int, batches: int) -> int:
@@ -24,7 +24,7 @@ def _run(first: int, sizes: list[int], held: int, batches: int) -> int:
     allocated = released = misses = 0
     live: deque[tuple[int, int, int, bytes]] = deque()  # begin, size, consumed, expected bytes
     for number, size in enumerate([first, *sizes]):
-        while len(live) > held:  # released oldest first, as loader.arena._Ring does
+        while len(live) > held:  # released oldest first, as loader.torch.arena._Ring does
             begin, length, consumed, expected = live.popleft()
             assert bytes(ring[begin : begin + length]) == expected
             released += consumed

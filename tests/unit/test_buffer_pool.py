@@ -1,4 +1,4 @@
-"""loader.read.BufferPool: a read buffer is reused only once no view of it exists."""
+"""loader.io.ranges.BufferPool: a read buffer is reused only once no view of it exists."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from loader.read import GRAIN, BufferPool, allocate
+from loader.io.ranges import GRAIN, BufferPool, allocate
 
 
 def test_a_buffer_is_reused_only_when_nothing_views_it() -> None:

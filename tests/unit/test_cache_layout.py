@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from loader import RemoteOptions
-from loader.cache import ShardCache
-from loader.cachedir import CACHE_FOLDER, MARKER, MARKER_TEXT, cache_bytes
-from loader.source import Source
+from loader.io.cache import ShardCache
+from loader.io.cachedir import CACHE_FOLDER, MARKER, MARKER_TEXT, cache_bytes
+from loader.io.source import Source
 
 
 @pytest.mark.parametrize("empty", ["", "   "])

@@ -2,7 +2,7 @@
 
 Every (W, K) -> (W', K') pair over W, W' in {1, 2, 3, 4} and K, K' in {0, 1, 3}
 (``num_workers=0`` is one slot, the main process). The simulation streams each
-slot window by window in the seeded window order, as ``loader.shuffle`` does,
+slot window by window in the seeded window order, as ``loader.read.samples`` does,
 and makes rank batches round-robin over slots, as the DataLoader does.
 """
 
@@ -14,10 +14,10 @@ from itertools import product
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
-from loader.order import SampleRange, epoch_order
-from loader.partition import batch_slot_counts, slice_order
-from loader.shuffle import plan_windows, window_order
+from loader.plan.elastic import Pass, batches_consumed, pass_rest, pass_share, window_key
+from loader.plan.order import SampleRange, epoch_order
+from loader.plan.partition import batch_slot_counts, slice_order
+from loader.plan.windows import plan_windows, window_order
 
 WORLDS = (1, 2, 3, 4)
 WORKERS = (0, 1, 3)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pkgutil
 import sys
 from pathlib import Path
 
@@ -147,20 +146,120 @@ def test_the_torch_dataset_and_an_epoch_load_no_builder_module(png_output: Path)
     assert "torch" in loaded
 
 
-# docs/architecture.md: the torch layer of ``loader``; every other module must not load torch.
-TORCH_LAYER = frozenset(
-    {"torchlayer", "dataset", "mixdataset", "stream", "epochs", "guards", "batch", "assemble",
-     "scatter", "arena", "torchoutput"}
-)  # fmt: skip
+# docs/architecture.md, "Layers": the loader's parts, lowest first. A module may import its own
+# part and the parts below it, never one above (tested statically and in a fresh interpreter).
+LAYERS = (
+    "loader.errors",
+    "loader.plan",
+    "loader.io",
+    "loader.options",
+    "loader.read",
+    "loader.core",
+    "loader.compose",
+    "loader.torch",
+    "loader",
+)
+MAX_MODULES = 12  # per folder: a newcomer scans one at a glance
 
 
-def test_only_the_torch_layer_of_loader_imports_torch() -> None:
-    """``import loader`` and every module outside the torch layer, imported together in a fresh
-    interpreter, load no torch (the union is clean, so each one is)."""
+def _loader_modules() -> dict[str, Path]:
     import loader
 
-    names = sorted(m.name for m in pkgutil.iter_modules(loader.__path__))
-    assert set(names) >= TORCH_LAYER  # a renamed module must be renamed here and in the page
-    others = tuple(f"loader.{n}" for n in names if n not in TORCH_LAYER)
-    assert len(others) >= 20
-    assert _imported_after(("loader", *others), forbidden=("torch",)) == []
+    root = Path(loader.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _layer(module: str) -> int:
+    """The index in LAYERS of the part ``module`` belongs to."""
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS.index(best)
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every ``loader`` module ``path`` imports, at any depth of the file (lazy and
+    type-checking imports included: a cycle through them still ties the modules)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("loader"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("loader"))
+    return {m for m in found if m in modules}
+
+
+def test_each_part_imports_only_the_parts_below_it() -> None:
+    modules = _loader_modules()
+    assert {m.rsplit(".", 1)[0] for m in modules if m.count(".") == 2} == {
+        "loader.plan", "loader.io", "loader.read", "loader.compose", "loader.torch"
+    }  # fmt: skip
+    upward = [
+        f"{name} -> {dep}"
+        for name, path in modules.items()
+        for dep in sorted(_imports(path, modules))
+        if _layer(dep) > _layer(name)
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles_and_small_folders() -> None:
+    modules = _loader_modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        assert name not in trail, " -> ".join((*trail[trail.index(name) :], name))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, (*trail, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())
+    per_folder: dict[str, int] = {}
+    for path in modules.values():
+        if path.name != "__init__.py":
+            per_folder[path.parent.name] = per_folder.get(path.parent.name, 0) + 1
+    assert max(per_folder.values()) <= MAX_MODULES, per_folder
+
+
+def test_the_layering_check_sees_an_upward_import() -> None:
+    """The checks themselves work: an import of a higher part is seen, and ordered."""
+    assert _layer("loader.plan.order") < _layer("loader.io.source") < _layer("loader.torch.batch")
+    modules = _loader_modules()
+    assert "loader.plan.reads" in _imports(modules["loader.io.readahead"], modules)
+    assert "loader.torch.batch" in _imports(modules["loader.torch.assemble"], modules)
+
+
+def test_in_a_fresh_interpreter_no_part_loads_one_above_it() -> None:
+    """Importing every module of a part (top-level imports) loads no module of a part above
+    it; below ``loader.torch`` nothing loads torch."""
+    modules = _loader_modules()
+    package = set(_imported_after(("loader",), forbidden=("loader",)))  # loaded by any import
+    assert "loader.torch.dataset" not in package  # (``loader`` loads its torch layer lazily)
+    for i, part in enumerate(LAYERS[:-1]):
+        mine = tuple(m for m in modules if _layer(m) == i)
+        above = LAYERS[i + 1 : -1]
+        probe = _imported_after(mine, forbidden=("loader", "torch"))
+        higher = [m for m in probe if m in modules and _layer(m) > i and m not in package]
+        assert higher == [], (part, above, higher)
+        if part != "loader.torch":
+            assert [m for m in probe if m.split(".")[0] == "torch"] == [], part
+
+
+def test_only_loader_torch_imports_torch() -> None:
+    """``import loader`` and every module outside ``loader.torch``, imported together in a
+    fresh interpreter, load no torch (the union is clean, so each one is)."""
+    modules = _loader_modules()
+    others = tuple(m for m in modules if not m.startswith("loader.torch"))
+    assert len(others) >= 30
+    assert _imported_after(others, forbidden=("torch",)) == []

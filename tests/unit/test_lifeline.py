@@ -1,4 +1,4 @@
-"""loader.lifeline in isolation: start times, the main process, a trainer gone before the watch."""
+"""loader.torch.lifeline in isolation: start times, the main process, a trainer gone before the watch."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import threading
 import time
 from pathlib import Path
 
-from loader.lifeline import started_before, watch_trainer
+from loader.torch.lifeline import started_before, watch_trainer
 from tests.faults.orphan_job import session_processes
 
 # A "trainer" forks a worker that waits for the test's go (on an inherited pipe) before
 # calling watch_trainer(); the test kills the trainer first.
 LATE_WORKER = """
 import multiprocessing, os, sys, threading
-from loader.lifeline import watch_trainer
+from loader.torch.lifeline import watch_trainer
 
 def worker(go: int) -> None:
     os.read(go, 1)

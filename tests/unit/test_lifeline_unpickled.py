@@ -1,4 +1,4 @@
-"""loader.lifeline.tie_unpickled: which processes a received dataset ties to their parent.
+"""loader.torch.lifeline.tie_unpickled: which processes a received dataset ties to their parent.
 
 A child being started with the dataset in its arguments (forkserver) is tied before its
 target runs; a running child that receives one (a Pool task) is tied at once; the main

@@ -1,4 +1,4 @@
-"""Mixing arithmetic (loader.mix): source counts, laps, and both batch plans. Pure.
+"""Mixing arithmetic (loader.compose.mix): source counts, laps, and both batch plans. Pure.
 
 The plans are computed batch by batch; the eager list-building versions they
 replaced are kept below as references (``_reference_*``) for small sizes.
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.groups import group_of
-from loader.mix import (
+from loader.compose.groups import group_of
+from loader.compose.mix import (
     MixedStream,
     floor_sum,
     lap_ranges,

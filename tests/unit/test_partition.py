@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.errors import WorldMismatchError
-from loader.order import SampleRange, epoch_order
-from loader.partition import (
+from loader.plan.order import SampleRange, epoch_order
+from loader.plan.partition import (
     Uneven,
     batch_slot_counts,
     batches_per_rank,
@@ -19,7 +19,7 @@ from loader.partition import (
     samples_per_rank,
     slot_counts,
 )
-from loader.world import World
+from loader.plan.world import World
 
 
 def _expand(pieces: list[SampleRange]) -> list[tuple[int, int, bool]]:

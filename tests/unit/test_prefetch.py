@@ -8,13 +8,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.order import epoch_order
-from loader.partition import partition, slot_counts
-from loader.prefetch import Read, plan_groups, planned_reads
-from loader.read import ShardReader
-from loader.shuffle import ErrorPolicy, sample_stream, shuffled_windows
-from loader.source import Source
-from loader.world import World
+from loader.io.source import Source
+from loader.plan.order import epoch_order
+from loader.plan.partition import partition, slot_counts
+from loader.plan.reads import Read, plan_groups, planned_reads
+from loader.plan.world import World
+from loader.read.reader import ShardReader
+from loader.read.samples import ErrorPolicy, sample_stream, shuffled_windows
 
 reads_strategy = st.lists(
     st.builds(

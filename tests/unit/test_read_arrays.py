@@ -1,4 +1,4 @@
-"""loader.read's arrays: keys of a sample range as one array, cached index arrays narrowed."""
+"""loader.read.reader's arrays: keys of a sample range as one array, cached index arrays narrowed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.read import key_array, key_list
+from loader.read.chunk import key_array, key_list
 
 # keys as the builder writes them: non-empty, no NUL (a tar name cannot hold one)
 KEYS = st.lists(
@@ -46,7 +46,7 @@ def test_ascii_keys_take_the_vectorised_path_with_the_widest_key_as_width() -> N
 
 
 def test_cached_index_arrays_narrow_to_32_bits_only_where_every_value_fits() -> None:
-    from loader.read import _narrow
+    from loader.read.reader import _narrow
 
     small = np.array([0, 5, (1 << 32) - 1], dtype=np.uint64)
     assert _narrow(small).dtype == np.uint32

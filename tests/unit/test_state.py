@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loader.errors import IncompatibleStateError
-from loader.partition import batch_slot_counts, batches_per_rank
-from loader.state import STATE_VERSION, check_state, rank_resume
+from loader.plan.partition import batch_slot_counts, batches_per_rank
+from loader.plan.state import STATE_VERSION, check_state, rank_resume
 
 
 class _SlotBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -94,7 +94,7 @@ def test_check_state_names_the_field() -> None:
 
 
 def test_shared_progress_counts_epochs_per_slot_and_set_epoch_wins() -> None:
-    from loader.epochs import Restored, ResumePoint, SharedProgress
+    from loader.torch.epochs import Restored, ResumePoint, SharedProgress
 
     progress = SharedProgress()
     assert [progress.claim(0), progress.claim(0), progress.claim(None)] == [

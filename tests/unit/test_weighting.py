@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.reweight import Reweighting
+from loader.plan.reweight import Reweighting
 from shardprep.config import BuildConfig
 from shardprep.format.errors import PlanError
 from shardprep.plan import plan_shards, shuffle_apart
@@ -371,7 +371,7 @@ def test_shuffle_apart_separates_every_separable_shard(groups: list[int]) -> Non
     assert not (placed[1:] == placed[:-1]).any(), placed.tolist()
 
 
-# --- read-time reweighting (loader.reweight) ---------------------------------------------
+# --- read-time reweighting (loader.plan.reweight) ---------------------------------------------
 
 
 SHARD_COUNTS = [[5, 1, 0], [5, 1, 1], [4, 2, 1]]  # per shard, classes a, b, c: 14, 4, 2

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader.order import SampleRange
-from loader.shuffle import plan_windows
+from loader.plan.order import SampleRange
+from loader.plan.windows import plan_windows
 
 
 def _greedy(
