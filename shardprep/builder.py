@@ -23,6 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from shardprep.append import AppendBase, check_new_keys, class_union, find_base
 from shardprep.config import BuildConfig, default_workers
 from shardprep.destination import Destination, open_destination
 from shardprep.engine import Engine, EngineOptions, WriteContext, open_engine
@@ -39,6 +40,7 @@ from shardprep.format.errors import (
 from shardprep.format.interface import CLI
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
+from shardprep.format.versions import appended_manifest, manifest_version
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
@@ -79,6 +81,8 @@ class BuildSummary:
     mb_per_s: float
     reused_shards: int
     already_complete: bool = False  # --resume found OUT complete, built from this input: no-op
+    version: int = 1  # the version of OUT this build made (an append: 2, 3, ...)
+    first_shard: int = 0  # the first shard it wrote (an append: after the earlier versions')
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
@@ -116,6 +120,8 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         destination.check()  # a local OUT is locked from here on (shardprep.out_lock)
         _check_engine_for(destination, config)
         _check_scratch_input(raw, InputFormat(config.input_format), config)
+        # --append: the version it builds on (OUT is locked: it stays the newest, locally)
+        base = find_base(destination.read_out, out, config) if config.append else None
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
         work = engine_scope.enter_context(OwnedFolder("shardprep-build-"))
@@ -124,8 +130,12 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             # → Inventory: one entry per sample, metadata only (on disk)
             inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
             engine_scope.callback(inventory.close)
+            if base is not None:  # the build's class indices stay; NEW's others come after
+                _join_classes(inventory, base, out, raw)
             # → Selection: which inventory samples are written, and how many copies
             selection = select_samples(inventory, config)
+            if base is not None:  # keys are unique across every version: nothing written yet
+                check_new_keys(inventory, selection, base.manifest, destination.read_out, out)
             # → Plan: per shard, the selected samples in write order (one file per shard)
             plan = plan_to_files(
                 inventory,
@@ -136,19 +146,29 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
                 shards_option=config.interface.option("shards"),
             )
             progress.num_shards = len(plan)
+            progress.first_shard = 0 if base is None else base.first_shard
         fingerprint = _fingerprint(inventory, config, selection)
-        complete = _already_complete(destination, config, fingerprint) if config.resume else None
+        if base is not None:
+            fingerprint = base.fingerprint(fingerprint)
+        complete = None
+        if config.resume:
+            complete = (
+                _already_complete(destination, config, fingerprint)
+                if base is None
+                else _append_complete(destination, config, base, fingerprint)
+            )
         if complete is not None:  # --resume of a finished build: nothing to do, not an error
             detected = InputFormat(config.input_format) is InputFormat.AUTO
             elapsed = time.perf_counter() - started
+            written = _written(complete, base)
             summary = _summary(
-                out, layout, detected, complete, inventory, elapsed, len(complete.shards)
+                out, layout, detected, written, inventory, elapsed, len(written.shards)
             )
-            return replace(summary, already_complete=True)
+            return replace(_versioned(summary, complete, base), already_complete=True)
         # Tasks that may run on other machines (Ray) upload their shards into OUT themselves.
         upload = destination.prepare(tasks_elsewhere=not engine.shares_disk)
         stage = _Stage.JOURNAL
-        destination.start_journal(fingerprint)
+        destination.start_journal(fingerprint, None if base is None else base.journal_record())
         stage = _Stage.WRITE  # OUT holds this build's journal: from here on it is resumable
         # → ShardRecords in shard order, then the manifest (its presence means "complete")
         context = WriteContext(
@@ -160,19 +180,33 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             config.map,  # --map: a transform.SampleMap, run in the write tasks
             upload,
             destination.out_lock,  # held by every writer process too (shardprep.out_lock)
+            first_shard=progress.first_shard,
         )
         records, reused = _write_all(engine, context, destination, config, progress)
-        manifest = manifest_from_records(
-            records,
-            config.output_options(),
-            fingerprint,
-            inventory.class_names,
-            extra=selection.manifest_section(inventory),
-        )
-        destination.publish(manifest)  # the manifest, then the journal is removed
+        if base is None:
+            manifest = manifest_from_records(
+                records,
+                config.output_options(),
+                fingerprint,
+                inventory.class_names,
+                extra=selection.manifest_section(inventory),
+            )
+            destination.publish(manifest)  # the manifest, then the journal is removed
+        else:  # the next version: its immutable file(s), then manifest.json, then the journal
+            manifest = appended_manifest(
+                base.manifest,
+                records,
+                config.output_options(),
+                fingerprint,
+                inventory.class_names,
+                selection.section,
+            )
+            destination.publish(manifest, base.version_files(manifest))
         detected = InputFormat(config.input_format) is InputFormat.AUTO
         elapsed = time.perf_counter() - started
-        return _summary(out, layout, detected, manifest, inventory, elapsed, reused)
+        written = _written(manifest, base)
+        summary = _summary(out, layout, detected, written, inventory, elapsed, reused)
+        return _versioned(summary, manifest, base)
     except BaseException as err:
         if stage is _Stage.WRITE:  # every task has stopped: no partial file is being written
             destination.discard_partial()
@@ -246,6 +280,50 @@ def _already_complete(
     return manifest
 
 
+def _append_complete(
+    destination: Destination, config: BuildConfig, base: AppendBase, fingerprint: str
+) -> Manifest | None:
+    """With --append --resume: OUT's newest version if it is this very append, published and
+    its journal removed (nothing to do); None if there is a journal to resume (the append
+    finishes, publishing again what it may have published already).
+
+    Raises:
+        InputError: no journal, and OUT's newest version is not this append.
+    """
+    if destination.has_journal():
+        return None
+    complete = base.complete(fingerprint, config.output_options())
+    if complete is None:
+        raise InputError(
+            f"{destination.out}: its newest version ({manifest_version(base.newest)}) was not "
+            "appended from this input and options, and no append was interrupted, so there is "
+            f"nothing to resume; to append this input, {config.interface.without('resume')}",
+            destination.out,
+        )
+    return complete
+
+
+def _join_classes(inventory: InventoryStore, base: AppendBase, out: str, raw: str) -> None:
+    """Give NEW's samples the build's class indices (NEW's other classes come after them)."""
+    union, mapping = class_union(base.manifest.class_names, inventory.class_names, out, raw)
+    if mapping is not None:
+        inventory.relabel(mapping)
+    inventory.class_names = union
+
+
+def _written(manifest: Manifest, base: AppendBase | None) -> Manifest:
+    """The part of ``manifest`` this build wrote (an append: its own shards only)."""
+    if base is None:
+        return manifest
+    return replace(manifest, shards=manifest.shards[base.first_shard :])
+
+
+def _versioned(summary: BuildSummary, manifest: Manifest, base: AppendBase | None) -> BuildSummary:
+    """``summary`` with the version this build made and its first shard."""
+    first = 0 if base is None else base.first_shard
+    return replace(summary, version=manifest_version(manifest), first_shard=first)
+
+
 def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
     """Ray tasks upload their shards into OUT themselves: not into this process's memory."""
     if config.engine == "ray" and destination.process_local:
@@ -317,7 +395,7 @@ def interrupted_around(
     journal = os.path.exists(os.path.join(folder, JOURNAL_NAME))
     complete = is_complete_output(out)
     if journal:
-        kept = _kept_words(_shards_in(folder, shards, compression), f" in {out}")
+        kept = _kept_words(_shards_in(folder, range(shards), compression), f" in {out}")
         again = CLI.again("resume", "overwrite" if overwrite else None)
         return f"interrupted; {kept}: {again} to finish the build"
     if complete and not was_complete:
@@ -422,12 +500,12 @@ def _write_all(
     next are written); a shard starts only once the destination has room for it (a remote
     one bounds the shards staged locally). ``progress`` counts the shards reused and written.
     """
-    plan = context.plan
-    records = destination.finished_records(len(plan)) if config.resume else {}
+    plan, shards = context.plan, context.shards
+    records = destination.finished_records(shards) if config.resume else {}
     progress.reused = progress.finished = len(records)
     progress.counted = True
-    todo = [s for s in range(len(plan)) if s not in records]
-    total = sum(plan.shard_size(s) for s in todo)
+    todo = [s for s in shards if s not in records]
+    total = sum(context.shard_size(s) for s in todo)
 
     def admit(writing: int) -> None:  # before a shard starts: wait until OUT can take it
         while not destination.has_room(writing):
@@ -467,7 +545,7 @@ def _write_all(
             f"rebuild from the current input with {interface.setting('overwrite')}",
             err.shard_index,
         ) from err
-    return [records[s] for s in range(len(plan))], len(plan) - len(todo)
+    return [records[s] for s in shards], len(plan) - len(todo)
 
 
 @dataclass
@@ -475,6 +553,7 @@ class _Progress:
     """What a build knows OUT holds, for the advice after a failure or a Ctrl-C."""
 
     num_shards: int = 0  # planned (0 until the plan is made)
+    first_shard: int = 0  # the first planned shard's number (an append: after OUT's)
     finished: int = 0  # reused or reported written (once counted)
     reused: int = 0
     counted: bool = False  # True once the shards to reuse were looked up
@@ -487,9 +566,8 @@ def _kept_shards(
     e.g. " in OUT", after "kept"); claims none it cannot know. Every write task has stopped."""
     finished, reused = progress.finished, progress.reused
     if not is_url(destination.out):  # a folder: what it holds now (others may have finished)
-        return _kept_words(
-            _shards_in(destination.out, progress.num_shards, config.compression), where
-        )
+        shards = range(progress.first_shard, progress.first_shard + progress.num_shards)
+        return _kept_words(_shards_in(destination.out, shards, config.compression), where)
     if not progress.counted and config.resume:  # stopped before the earlier shards were listed
         return f"the shards an earlier build finished are kept{where}"
     if destination.stages_locally and finished > reused:  # uploads stop with the build
@@ -505,9 +583,9 @@ def _kept_words(kept: int, where: str) -> str:
     )
 
 
-def _shards_in(folder: str, num_shards: int, compression: str) -> int:
-    """How many of the ``num_shards`` shard files of a build are in local folder ``folder``."""
-    names = (shard_name(s, compression) for s in range(num_shards))
+def _shards_in(folder: str, shards: range, compression: str) -> int:
+    """How many of the shard files ``shards`` of a build are in local folder ``folder``."""
+    names = (shard_name(s, compression) for s in shards)
     return sum(os.path.exists(os.path.join(folder, name)) for name in names)
 
 

@@ -226,6 +226,12 @@ def cli() -> None:
     "--resume", is_flag=True, help="Finish an interrupted build in OUT, reusing finished shards."
 )
 @click.option(
+    "--append",
+    is_flag=True,
+    help="Add RAW's samples to the build in OUT as N new shards: its next version "
+    "(docs/pipelines.md, Appending).",
+)
+@click.option(
     "--storage-option",
     "storage_options",
     multiple=True,
@@ -292,7 +298,8 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
             ),
         )
     if summary.already_complete:  # --resume of a finished build: exit 0, as a pipeline wants
-        click.echo(f"{out}: the build is already complete; nothing to resume", err=True)
+        what = f"append (version {summary.version})" if summary.first_shard else "build"
+        click.echo(f"{out}: the {what} is already complete; nothing to resume", err=True)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=1))
     elif not quiet:
@@ -347,9 +354,17 @@ def _format_summary(s: dict[str, Any]) -> str:
     how = "auto-detected" if s["layout_detected"] else "--format"
     return "\n".join(
         [
-            f"already complete: {s['num_shards']} shards in {s['out']}"
-            if s["already_complete"]
-            else f"wrote {s['num_shards']} shards to {s['out']}",
+            (
+                f"already complete: {s['num_shards']} shards in {s['out']}"
+                if s["already_complete"]
+                else f"wrote {s['num_shards']} shards to {s['out']}"
+            )
+            + (
+                f" (version {s['version']}: shards {s['first_shard']}-"
+                f"{s['first_shard'] + s['num_shards'] - 1})"
+                if s["version"] > 1
+                else ""
+            ),
             f"  input     {s['layout']} ({how})",
             f"  samples   {s['num_samples']} ({s['min_shard_samples']}-{s['max_shard_samples']} per shard), "
             f"{s['num_classes']} classes",
@@ -418,7 +433,11 @@ def verify(out: str, quiet: bool, storage_options: dict[str, Any] | None) -> Non
         click.echo(line, err=True)
     if report.problems:
         raise click.ClickException(f"{len(report.problems)} problem(s) in {out}")
-    click.echo(f"ok: {report.num_shards} shards, {report.num_samples} samples verified")
+    versions = f" (version {report.version}; versions 1-{report.version - 1} checked too)"
+    click.echo(
+        f"ok: {report.num_shards} shards, {report.num_samples} samples verified"
+        + (versions if report.version > 1 else "")
+    )
 
 
 @cli.command()

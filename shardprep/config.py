@@ -33,8 +33,8 @@ class BuildConfig:
     """Options of one build. Fields that change the output bytes are listed in ``output_options``.
 
     ``workers``, ``engine``, ``ray_address``, ``stall_timeout``, ``overwrite``, ``resume``,
-    ``progress``, ``interface`` and the storage options change how the build runs, never what
-    it writes. ``interface`` is how messages name options (``--shards`` for the CLI,
+    ``append``, ``progress``, ``interface`` and the storage options change how the build runs,
+    never what it writes. ``interface`` is how messages name options (``--shards`` for the CLI,
     ``shards=`` for Python: :mod:`shardprep.format.interface`).
     Storage options are fsspec's, for a RAW or OUT given as a URL (and URLs in a listing):
     ``storage_options`` apply to both, ``raw_storage_options`` to the input only and
@@ -62,6 +62,7 @@ class BuildConfig:
     stall_timeout: float = 1800.0  # seconds without any written sample before the build stops
     overwrite: bool = False
     resume: bool = False
+    append: bool = False  # add to the build in OUT as its next version (docs/pipelines.md)
     progress: bool = True
     storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     raw_storage_options: dict[str, Any] | None = field(default=None, compare=False, repr=False)
@@ -97,6 +98,8 @@ class BuildConfig:
             raise PlanError(f"{o('num_samples')} must be at least 1 (got {self.num_samples})")
         if self.overwrite and self.resume:
             raise PlanError(f"{o('overwrite')} and {o('resume')} exclude each other")
+        if self.overwrite and self.append:
+            raise PlanError(f"{o('overwrite')} and {o('append')} exclude each other")
         weight_flags = self.num_samples is not None or self.keep_all or self.weights_only
         if weight_flags and self.class_weights is None:
             raise PlanError(
@@ -117,6 +120,7 @@ class BuildConfig:
             "stall_timeout",
             "overwrite",
             "resume",
+            "append",
             "progress",
             "storage_options",
             "raw_storage_options",

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
 import queue
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -49,6 +50,7 @@ from shardprep.format.errors import InputError, OutputError
 from shardprep.format.interface import Interface
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
+from shardprep.format.versions import VERSIONS_DIR
 from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
 from shardprep.scratch import OwnedFolder
@@ -65,10 +67,14 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
 OWN_FILE = re.compile(r"^\.?(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json)(\.partial)?$")
 PARTIAL_FILE = re.compile(
     r"^\.(shard-\d{5}\.(tar|tar\.zst|idx)|manifest\.json|shardprep-build\.json)\.partial$"
 )
+VERSION_FILE = re.compile(r"^\.?manifest-\d{5}\.json(\.partial)?$")
+"""A version's manifest in OUT/versions (shardprep.format.versions), or its temp file."""
 UPLOAD_THREADS = 2
 CONTACT_TIMEOUT_S = 30.0
 """The first request to a remote OUT (listing it) must be answered within this many seconds."""
@@ -102,11 +108,22 @@ class Destination(Protocol):
         unused and ``shard_written`` gets records of shards already in OUT).
         """
 
-    def start_journal(self, fingerprint: str) -> None:
-        """Write the journal (or, with --resume, check it against this build's)."""
+    def read_out(self, name: str, limit: int) -> bytes:
+        """The first ``limit`` bytes of file ``name`` of OUT (``versions/...`` included).
 
-    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
-        """--resume: the records of the shards an earlier build finished, by shard index."""
+        Raises:
+            FileNotFoundError: OUT has no such file.
+            OutputError: it cannot be read.
+        """
+
+    def start_journal(self, fingerprint: str, append: dict[str, Any] | None = None) -> None:
+        """Write the journal (or, with --resume, check it against this build's). ``append``:
+        the version an append builds on (``base_version``, ``base_manifest_sha256``), kept in
+        the journal; a URL OUT checks, once its journal is written, that ``manifest.json`` is
+        still that base (absent for a plain build): two appends never both build on it."""
+
+    def finished_records(self, shards: range) -> dict[int, ShardRecord]:
+        """--resume: the records of the shards an earlier build finished, by shard number."""
 
     def has_room(self, writing: int) -> bool:
         """Whether another shard may start while ``writing`` shards are being written."""
@@ -117,8 +134,9 @@ class Destination(Protocol):
     def shard_written(self, record: ShardRecord) -> None:
         """A writer finished this shard in ``staging``."""
 
-    def publish(self, manifest: Manifest) -> None:
-        """Once every shard is in OUT: write the manifest, then remove the journal."""
+    def publish(self, manifest: Manifest, versions: Mapping[str, bytes] | None = None) -> None:
+        """Once every shard is in OUT: write ``versions`` (name → bytes, the immutable version
+        manifests of an append), then the manifest, then remove the journal."""
 
     def has_journal(self) -> bool:
         """Whether OUT holds a journal now (for the advice after a Ctrl-C)."""
@@ -166,6 +184,13 @@ def _nothing_to_resume(out: str, interface: Interface) -> InputError:
     )
 
 
+def _nothing_to_append(out: str, interface: Interface) -> InputError:
+    return InputError(
+        f"{out}: holds no build to append to; build it first {interface.without('append')}",
+        out,
+    )
+
+
 def _journal_unreadable(path: str, problem: object, interface: Interface) -> InputError:
     return InputError(
         f"{path}: the build journal is unreadable ({problem}); start over with "
@@ -179,13 +204,29 @@ def _damaged(where: str, problem: str) -> None:
     LOG.warning("%s: damaged since the interrupted build (%s); writing it again", where, problem)
 
 
-def _journal_record(config: BuildConfig, fingerprint: str) -> dict[str, Any]:
-    return {"input_fingerprint": fingerprint, "options": config.output_options()}
+def _journal_record(
+    config: BuildConfig, fingerprint: str, append: dict[str, Any] | None
+) -> dict[str, Any]:
+    record = {"input_fingerprint": fingerprint, "options": config.output_options()}
+    if append is not None:
+        record["append"] = append
+    return record
 
 
 def _check_journal(
     out: str, previous: object, record: dict[str, Any], interface: Interface
 ) -> None:
+    was_append = isinstance(previous, dict) and "append" in previous
+    if was_append != ("append" in record):
+        raise InputError(
+            f"{out}: the interrupted build was "
+            + (
+                f"an append: resume it with {interface.setting('append')} as well"
+                if was_append
+                else f"a plain build, not an append: resume it without {interface.setting('append')}"
+            ),
+            out,
+        )
     if previous != record:
         raise InputError(
             f"{out}: the interrupted build used other input or options; rerun it with "
@@ -249,6 +290,8 @@ class LocalDestination:
         out, config = self.out, self._config
         if os.path.lexists(out) and not os.path.isdir(out):
             raise InputError(f"{out}: exists and is not a folder; choose another OUT", out)
+        if not os.path.exists(out) and config.append:
+            raise _nothing_to_append(out, config.interface)
         if not os.path.exists(out) and config.resume:
             raise _nothing_to_resume(out, config.interface)
         try:
@@ -258,8 +301,10 @@ class LocalDestination:
             raise _output_error(
                 out, err, "cannot create or clear the output folder: choose a writable OUT"
             ) from err
-        if existing and not (config.overwrite or config.resume):
+        if existing and not (config.overwrite or config.resume or config.append):
             raise _not_empty(out, existing, "folder", config.interface)
+        if not existing and config.append:
+            raise _nothing_to_append(out, config.interface)
         if not existing and config.resume:  # e.g. made by a build killed before it wrote
             raise _nothing_to_resume(out, config.interface)
 
@@ -274,16 +319,34 @@ class LocalDestination:
             for name in os.listdir(out):
                 if OWN_FILE.match(name) or name == JOURNAL_NAME:
                     os.remove(os.path.join(out, name))
+            versions = os.path.join(out, VERSIONS_DIR)  # after the manifest that names them
+            if os.path.isdir(versions):
+                for name in os.listdir(versions):
+                    if VERSION_FILE.match(name):
+                        os.remove(os.path.join(versions, name))
+                with contextlib.suppress(OSError):  # not empty: a file that is not ours stays
+                    os.rmdir(versions)
         except OSError as err:
             raise _output_error(
                 out, err, "cannot clear the output folder: choose a writable OUT"
             ) from err
         return None
 
-    def start_journal(self, fingerprint: str) -> None:
+    def read_out(self, name: str, limit: int) -> bytes:
+        path = os.path.join(self.out, name)
+        try:
+            with open(path, "rb") as f:
+                return f.read(limit)
+        except FileNotFoundError:
+            raise
+        except OSError as err:
+            again = self._config.interface.again()
+            raise _output_error(path, err, f"fix the cause, then {again}") from err
+
+    def start_journal(self, fingerprint: str, append: dict[str, Any] | None = None) -> None:
         out = self.out
         path = os.path.join(out, JOURNAL_NAME)
-        record = _journal_record(self._config, fingerprint)
+        record = _journal_record(self._config, fingerprint, append)
         interface = self._config.interface
         if self._config.resume:
             if os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.exists(path):
@@ -313,13 +376,13 @@ class LocalDestination:
                 ) from err
             raise
 
-    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+    def finished_records(self, shards: range) -> dict[int, ShardRecord]:
         """Shards whose file exists and is what its index describes, read once to check and
         hash each; a damaged one is left out (it is written again) with a notice."""
         compression = self._config.compression
         done = [
             shard
-            for shard in range(num_shards)
+            for shard in shards
             if os.path.exists(os.path.join(self.out, shard_name(shard, compression)))
         ]
         with ThreadPoolExecutor(RESUME_THREADS, thread_name_prefix="shardprep-resume") as pool:
@@ -359,8 +422,10 @@ class LocalDestination:
     def shard_written(self, record: ShardRecord) -> None:
         return
 
-    def publish(self, manifest: Manifest) -> None:
+    def publish(self, manifest: Manifest, versions: Mapping[str, bytes] | None = None) -> None:
         try:
+            for name, data in (versions or {}).items():  # before the manifest that names them
+                _write_atomically(os.path.join(self.out, name), data)
             write_manifest(manifest, self.out)
         except OSError as err:
             raise _output_error(
@@ -381,12 +446,31 @@ class LocalDestination:
                 if PARTIAL_FILE.match(name):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(self.out, name))
+        versions = os.path.join(self.out, VERSIONS_DIR)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for name in os.listdir(versions):
+                if name.startswith(".") and VERSION_FILE.match(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(versions, name))
 
     def close(self) -> None:
         if self.out_lock is not None:
             self.out_lock.remove_if_made()  # a build that wrote nothing leaves no OUT it made
             self.out_lock.close()
             self.out_lock = None
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` as ``write_manifest`` writes the manifest (a hidden temp
+    file, fsync, rename), its folder made if absent."""
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class _Uploads:
@@ -570,10 +654,12 @@ class RemoteDestination:
         config = self._config
         existing = sorted(self._first_contact())
         if not existing:
+            if config.append:
+                raise _nothing_to_append(self.out, config.interface)
             if config.resume:
                 raise _nothing_to_resume(self.out, config.interface)
             return
-        if not (config.overwrite or config.resume):
+        if not (config.overwrite or config.resume or config.append):
             raise _not_empty(self.out, existing, "prefix", config.interface)
 
     def prepare(self, tasks_elsewhere: bool = False) -> ShardUpload | None:
@@ -587,6 +673,8 @@ class RemoteDestination:
             ]
             # the manifest first: a reader never sees it name a shard that is being replaced
             own.sort(key=lambda name: name != MANIFEST_NAME)
+            versions = self._call(partial(self._versions_held), self._url, advice)
+            own[1:1] = versions  # then the versions it names
             for name in own:
                 self._call(partial(self._fs.rm_file, self._path(name)), self._url, advice)
         if tasks_elsewhere:
@@ -597,8 +685,31 @@ class RemoteDestination:
         self._uploads = _Uploads(UPLOAD_THREADS, self._upload)
         return None
 
-    def start_journal(self, fingerprint: str) -> None:
-        record = _journal_record(self._config, fingerprint)
+    def _versions_held(self) -> list[str]:
+        """``versions/...`` names of the version manifests OUT holds (none: [])."""
+        folder = self._path(VERSIONS_DIR)
+        self._fs.invalidate_cache(folder)
+        try:
+            names = [
+                str(p).rstrip("/").rsplit("/", 1)[-1] for p in self._fs.ls(folder, detail=False)
+            ]
+        except FileNotFoundError:
+            return []
+        return [f"{VERSIONS_DIR}/{name}" for name in sorted(names) if VERSION_FILE.match(name)]
+
+    def read_out(self, name: str, limit: int) -> bytes:
+        url = self._object_url(name)
+        try:
+            return bytes(self._fs.cat_file(self._path(name), start=0, end=limit))
+        except FileNotFoundError:
+            raise
+        except Exception as err:  # a backend's transport errors are not all OSErrors
+            interface = self._config.interface
+            problem = describe_error(url, err, interface)
+            raise OutputError(f"{problem}; fix the cause, then {interface.again()}", url) from err
+
+    def start_journal(self, fingerprint: str, append: dict[str, Any] | None = None) -> None:
+        record = _journal_record(self._config, fingerprint, append)
         url = self._object_url(JOURNAL_NAME)
         interface = self._config.interface
         if self._config.resume:
@@ -625,13 +736,65 @@ class RemoteDestination:
             return
         data = json.dumps(record, sort_keys=True).encode()
         self._call(
-            lambda: self._fs.pipe_file(self._path(JOURNAL_NAME), data),
+            lambda: self._create_journal(data),
             url,
             f"cannot start the build: fix the cause, then {interface.again()}",
         )
         self._journal_written = True
+        if not self._config.overwrite:
+            self._check_base_kept(None if append is None else append["base_manifest_sha256"])
 
-    def finished_records(self, num_shards: int) -> dict[int, ShardRecord]:
+    def _create_journal(self, data: bytes) -> None:
+        """Put the journal only if OUT has none: the journal is OUT's lock, one build or append
+        at a time (an S3 conditional put, ``If-None-Match: *``; a store that cannot put
+        conditionally gets a plain put, with a warning)."""
+        path = self._path(JOURNAL_NAME)
+        try:
+            self._fs.pipe_file(path, data, mode="create")
+        except FileExistsError as err:
+            interface = self._config.interface
+            raise InputError(
+                f"{self._object_url(JOURNAL_NAME)}: another build or append is writing into "
+                f"{self.out} (its journal appeared after this one looked); let it finish, then "
+                f"{interface.again()} (if that build was killed, {interface.again('resume')})",
+                self.out,
+            ) from err
+        except (TypeError, NotImplementedError, ValueError) as err:  # no conditional put here
+            LOG.warning(
+                "%s: this store cannot write the journal only if absent (%s): another build "
+                "writing into OUT at the same time would not be noticed",
+                self.out,
+                err,
+            )
+            self._fs.pipe_file(path, data)
+
+    def _check_base_kept(self, base_sha256: str | None) -> None:
+        """Once this build holds the journal: refuse it (and let go of the journal) if OUT's
+        manifest is no longer the one it builds on (``None``: no manifest), e.g. another
+        append published a version between this one's look and its journal."""
+        interface = self._config.interface
+        advice = f"fix the cause, then {interface.again()}"
+        try:
+            data = self._call(
+                lambda: self._fs.cat_file(self._path(MANIFEST_NAME)), self._url, advice
+            )
+            now: str | None = hashlib.sha256(data).hexdigest()
+        except OutputError as err:
+            if not isinstance(err.__cause__, FileNotFoundError):
+                raise
+            now = None
+        if now == base_sha256:
+            return
+        self._call(lambda: self._fs.rm_file(self._path(JOURNAL_NAME)), self._url, advice)
+        self._journal_written = False
+        raise InputError(
+            f"{self.out}: another build or append published into OUT while this one was "
+            f"being prepared (its manifest.json changed); nothing was written: "
+            f"{interface.again()} to build on what OUT holds now",
+            self.out,
+        )
+
+    def finished_records(self, shards: range) -> dict[int, ShardRecord]:
         """Shards whose object and index both exist, checked and hashed (downloaded once:
         the manifest needs their sha256); a shard whose index does not describe its object
         is written again."""
@@ -639,7 +802,7 @@ class RemoteDestination:
         compression = self._config.compression
         done = [
             shard
-            for shard in range(num_shards)
+            for shard in shards
             if entries.get(shard_name(shard, compression), -1) >= 0
             and entries.get(index_name(shard), -1) >= 0
         ]
@@ -705,7 +868,7 @@ class RemoteDestination:
             + self._config.interface.again("resume"),
         )
 
-    def publish(self, manifest: Manifest) -> None:
+    def publish(self, manifest: Manifest, versions: Mapping[str, bytes] | None = None) -> None:
         if self._uploads is not None:
             while self._uploads.staged:
                 self._uploads.wait(0.25)
@@ -725,6 +888,12 @@ class RemoteDestination:
                         f"{size} bytes written; {advice}",
                         self._object_url(name),
                     )
+        for name, content in (versions or {}).items():  # before the manifest that names them
+            self._call(
+                partial(self._fs.pipe_file, self._path(name), content),
+                self._object_url(name),
+                f"every shard is uploaded and kept: fix the cause, then {again}",
+            )
         data = manifest_bytes(manifest)
         self._call(
             lambda: self._fs.pipe_file(self._path(MANIFEST_NAME), data),

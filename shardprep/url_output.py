@@ -88,6 +88,25 @@ class RemoteOutput:
             )
         return f"{self.out} is not the output of shardprep build (it holds no shards)"
 
+    def read(self, name: str, limit: int) -> bytes:
+        """The first ``limit`` bytes of object ``name`` (``versions/...`` included).
+
+        Raises:
+            FileNotFoundError: there is no such object.
+            OSError: it cannot be read (the message names the URL).
+        """
+        path = f"{self._root}/{name}"
+        try:
+            return bytes(
+                bounded(lambda: self._fs.cat_file(path, start=0, end=limit), self.url(name))
+            )
+        except FileNotFoundError:
+            raise
+        except ShardprepError as err:
+            raise OSError(str(err)) from err
+        except Exception as err:  # a backend's transport errors are not all OSErrors
+            raise OSError(describe_error(self.url(name), err)) from err
+
     def sizes(self) -> dict[str, int]:
         """The size of every object directly under OUT, by name (one listing)."""
         try:

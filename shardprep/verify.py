@@ -14,7 +14,10 @@ Checks, per shard (``docs/cli.md`` lists them for users):
   damaged samples are named by key); for ``.tar.zst``, every frame
   decompresses on its own to exactly its span, never further;
 - reading the tar from the start finds exactly the members the index lists,
-  with the same names, sizes and offsets.
+  with the same names, sizes and offsets;
+- every earlier version of the build (docs/format.md, "Versions") has its manifest file in
+  ``versions/``, with the sha256 the newest manifest records, and lists the newest's first
+  shards (its classes the newest's first classes).
 
 Every read is bounded by the sizes in the manifest and index. Problems are
 collected per shard, never raised, so one bad shard does not hide the others.
@@ -35,9 +38,10 @@ import shutil
 import tarfile
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import IO, Any
 
 from tqdm import tqdm
@@ -52,6 +56,7 @@ from shardprep.format.integrity import (
 )
 from shardprep.format.manifest import Manifest, ShardEntry
 from shardprep.format.shardformat import BLOCK, ShardIndex, decode_index
+from shardprep.format.versions import manifest_version, read_version, version_file
 from shardprep.storage import is_url
 from shardprep.url_output import RemoteOutput, read_manifest_at
 
@@ -69,6 +74,7 @@ class VerifyReport:
     num_shards: int = 0
     num_samples: int = 0
     problems: list[str] = field(default_factory=list)
+    version: int = 1  # the newest version of the build (every earlier one is checked too)
 
 
 def verify_output(
@@ -86,17 +92,49 @@ def verify_output(
         InputError: the storage of a URL gives no answer in time.
     """
     manifest = read_manifest_at(out, storage_options)
-    report = VerifyReport(num_shards=len(manifest.shards))
+    report = VerifyReport(num_shards=len(manifest.shards), version=manifest_version(manifest))
     results: Iterable[list[str]]
     if is_url(out):
-        results = _remote_results(RemoteOutput(out, storage_options), manifest, threads)
+        remote = RemoteOutput(out, storage_options)
+        report.problems += _version_problems(out, manifest, remote.read)
+        results = _remote_results(remote, manifest, threads)
     else:
+        report.problems += _version_problems(out, manifest, partial(_read_local, out))
         results = (list(_verify_shard(out, manifest, entry)) for entry in manifest.shards)
     bar = tqdm(manifest.shards, desc="verify", unit=" shards", disable=not progress)
     for entry, problems in zip(bar, results, strict=True):
         report.problems += [f"{entry.file}: {p}" for p in problems]
         report.num_samples += entry.num_samples
     return report
+
+
+def _read_local(out: str, name: str, limit: int) -> bytes:
+    with open(os.path.join(out, name), "rb") as f:
+        return f.read(limit)
+
+
+def _version_problems(out: str, manifest: Manifest, read: Callable[[str, int], bytes]) -> list[str]:
+    """What is wrong with the build's earlier versions (none for a version 1 build)."""
+    problems = []
+    for n in range(1, manifest_version(manifest)):
+        try:
+            earlier = read_version(manifest, n, read, out)
+        except (ManifestError, OSError) as err:
+            problems.append(f"{version_file(n)}: {err}")
+            continue
+        names, newest = earlier.class_names or (), manifest.class_names or ()
+        if tuple(newest[: len(names)]) != tuple(names):
+            problems.append(f"{version_file(n)}: its classes are not the newest version's first")
+        shards = manifest.shards[: len(earlier.shards)]
+        for old, new in zip(earlier.shards, shards, strict=True):
+            padded = old.class_counts + (0,) * (len(newest) - len(names))
+            if replace(old, class_counts=padded) != new:
+                problems.append(
+                    f"{version_file(n)}: {old.file} differs from the newest version's entry "
+                    "(a version never rewrites an earlier shard)"
+                )
+                break
+    return problems
 
 
 def _remote_results(remote: RemoteOutput, manifest: Manifest, threads: int) -> Iterator[list[str]]:

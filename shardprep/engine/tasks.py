@@ -96,6 +96,7 @@ class WriteContext:
     transform: SampleMap | None = None  # --map (picklable: by name, else by value)
     upload: ShardUpload | None = None  # set: each task uploads its shard into OUT itself
     out_lock: OutLock | None = None  # a local OUT's lock: every writer process holds it too
+    first_shard: int = 0  # the plan's shard 0 is OUT's shard first_shard (an append: after OUT's)
 
     @property
     def root(self) -> str:
@@ -109,13 +110,18 @@ class WriteContext:
         """Shard ``shard``'s samples in write order."""
         return self.task(shard).samples()
 
+    @property
+    def shards(self) -> range:
+        """OUT's shard numbers this plan writes."""
+        return range(self.first_shard, self.first_shard + len(self.plan))
+
     def shard_size(self, shard: int) -> int:
-        """Number of samples in shard ``shard``."""
-        return self.plan.shard_size(shard)
+        """Number of samples in OUT's shard ``shard``."""
+        return self.plan.shard_size(shard - self.first_shard)
 
     def task(self, shard: int) -> ShardTask:
-        """The self-contained task that writes shard ``shard`` (read from the plan's files)."""
-        _, inventory, selection = self.plan.load(shard)
+        """The self-contained task that writes OUT's shard ``shard`` (read from the plan's files)."""
+        _, inventory, selection = self.plan.load(shard - self.first_shard)
         return ShardTask(
             shard,
             inventory,

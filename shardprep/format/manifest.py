@@ -354,7 +354,9 @@ def _inconsistency(manifest: Manifest, totals: dict[str, Any]) -> str:
             return f"totals.{field} is {totals.get(field)!r} but the shards give {value!r}"
     if set(totals) != set(expected):
         return f"totals has unknown fields {sorted(set(totals) - set(expected))}"
-    return ""
+    from shardprep.format.versions import versions_problem  # it builds on this module
+
+    return versions_problem(manifest)
 
 
 def read_manifest(out_dir: str) -> Manifest:
