@@ -60,19 +60,23 @@ class InputError(ShardprepError):
 class DuplicateKeyError(InputError):
     """Two different inputs would become the same sample key."""
 
-    def __init__(self, key: str, paths: Sequence[str]) -> None:
+    def __init__(self, key: str, paths: Sequence[str], advice: str | None = None) -> None:
         shown = ", ".join(repr(p) for p in paths)
         super().__init__(
-            f"duplicate sample key {key!r} from {shown}; rename one of them "
-            "(keys are the file name without extension, with '/', '.' and other "
-            "special characters replaced)",
+            f"duplicate sample key {key!r} from {shown}; "
+            + (
+                advice
+                or "rename one of them (keys are the file name without extension, with '/', "
+                "'.' and other special characters replaced)"
+            ),
             path=paths[0] if paths else None,
         )
         self.key = key
         self.paths = tuple(paths)
+        self.advice = advice  # what to do, where the input's kind knows better than renaming
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (DuplicateKeyError, (self.key, self.paths))
+        return (DuplicateKeyError, (self.key, self.paths, self.advice))
 
 
 class PlanError(ShardprepError):

@@ -25,6 +25,7 @@ from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
 from shardprep.scan.parquet import PARQUET_SUFFIXES, is_parquet_name, is_sidecar, scan_parquet
+from shardprep.scan.parquet_keys import duplicate_advice
 from shardprep.scan.prefix import TopLevel, first_folder, top_level
 from shardprep.scan.splits import refuse_splits, split_folder
 from shardprep.scan.tar_shards import scan_tar_shards
@@ -247,6 +248,8 @@ def scan(
     try:
         check_unique_keys(inventory)
     except DuplicateKeyError as err:
+        if fmt is InputFormat.PARQUET:
+            raise DuplicateKeyError(err.key, err.paths, duplicate_advice(interface)) from err
         first, second = err.paths[:2]
         if not (detected and fmt is InputFormat.CLASS_FOLDERS and _one_keyed_sample(first, second)):
             raise

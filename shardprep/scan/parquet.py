@@ -10,8 +10,11 @@ Columns become the sample's parts:
   no known format without a path extension are refused, never written undecodable;
 - the label column (``--label-column``, default ``label`` if present) gives ``.cls``,
   its values interned as a listing's are (strings: class names sorted; integers: indices);
-- the key column (``--key-column``, default ``key`` or ``__key__`` if present) gives the
-  key, else ``<file stem>-<row:09d>`` (the row's number in its file);
+- the key column (``--key-column``, default the first of ``key``, ``__key__``, ``id``,
+  ``uuid`` holding strings or integers: :mod:`shardprep.scan.parquet_keys`) gives the key,
+  else (or with ``--key-column ''``) ``<file stem>-<row:09d>`` (the row's number in its
+  file), the stem without the run ids writers put in file names (Spark's uuid), so a
+  re-export of the same rows gets the same keys;
 - every other column goes into the sample's ``.json`` (sorted keys);
 - a Hive partition folder (``label=3/``, as Spark's ``partitionBy`` writes) is a column of
   every row below it (its value a string, ``%XX`` escapes decoded, Hive's
@@ -59,6 +62,7 @@ from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
 from shardprep.scan.media import MEDIA_COLUMNS, SNIFF_BYTES, describe_head, sniff
+from shardprep.scan.parquet_keys import default_key_column, stable_stems
 from shardprep.scan.prefix import DOT_SEGMENTS, dot_segment_refusal
 from shardprep.scan.splits import refuse_splits, split_of_file
 from shardprep.scan.walk import OS_JUNK_NAMES, Tick
@@ -74,7 +78,6 @@ __all__ = [
 ]
 
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")  # a Parquet file's names (any case)
-KEY_COLUMNS = ("key", "__key__")  # the key column's default names, in order of preference
 LABEL_COLUMN = "label"
 BATCH_BYTES = 8 << 20  # rows read at a time: about this many bytes of the row group's data
 RELEASE_BYTES = 32 << 20  # pyarrow's freed memory is handed back to the OS after this much
@@ -260,13 +263,14 @@ def _columns(
     in_file = tuple(p for p in partitions if p in schema.names)
     names = list(schema.names) + [p for p in partitions if p not in in_file]
     for given, what in ((key_column, "key"), (label_column, "label")):
-        if given is not None and given not in names:
+        numbered = given == "" and what == "key"  # --key-column '': keys from file and row
+        if given is not None and given not in names and not numbered:
             raise ParquetInputError(
                 f"{where}: no {what} column {given!r} (columns: {', '.join(names)}); "
                 f"name an existing column with {interface.option(f'{what}_column')}",
                 where,
             )
-    key = key_column if key_column is not None else next((k for k in KEY_COLUMNS if k in names), "")
+    key = key_column if key_column is not None else default_key_column(schema)  # "": numbered
     label = (
         label_column
         if label_column is not None
@@ -453,13 +457,14 @@ def scan_parquet(
     pq = _import_pyarrow()
     files = list_parquet(raw, storage_options, strict, interface)
     base = _base(raw, files)
+    rels = [_rel(location, base) for location in files]
+    stems = stable_stems([parquet_stem(rel) for rel in rels])  # keys without a key column
     root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable(ParquetInputError)
     formats: dict[str, tuple[str, str, int]] = {}  # media column -> (ext, file, row) first seen
     builder: Any = None
     first: tuple[str, _Columns] | None = None
-    for location in files:
-        rel = location[len(base) :].lstrip("/") if location != base else _basename(location)
+    for location, rel, stem in zip(files, rels, stems, strict=True):
         with _open(pq, location, storage_options, interface) as parquet:
             where = location
             folders = dict(partition_columns(rel))
@@ -479,7 +484,7 @@ def scan_parquet(
             spill = _Spill(_spill_path(root, rel, location))
             try:
                 rows_of = _read(
-                    parquet, columns, where, rel, labels, spill, formats, folders, interface
+                    parquet, columns, where, rel, labels, spill, formats, folders, interface, stem
                 )
                 for rows in rows_of:
                     for stem, label, parts, meta in rows:
@@ -531,6 +536,11 @@ def _spill_path(root: str, rel: str, location: str) -> str:
             location,
         )
     return path
+
+
+def _rel(location: str, base: str) -> str:
+    """The path of the Parquet file at ``location`` relative to the input's ``base``."""
+    return location[len(base) :].lstrip("/") if location != base else _basename(location)
 
 
 def _base(raw: str, files: list[str]) -> str:
@@ -617,14 +627,17 @@ def _read(
     formats: dict[str, tuple[str, str, int]],
     folders: Mapping[str, str | None] | None = None,
     interface: Interface = CLI,
+    stem: str | None = None,
 ) -> Iterator[list[_Row]]:
     """The file's rows, a batch at a time, as (stem, label, parts, meta); payloads spilled.
 
-    ``folders``: the file's Hive partition values (:func:`partition_columns`)."""
+    ``folders``: the file's Hive partition values (:func:`partition_columns`); ``stem``: what
+    its rows' keys begin with without a key column (:func:`stable_stems`; default ``rel``
+    without its suffix)."""
     folders = folders or {}
     from_path = {c: v for c, v in folders.items() if columns.from_path(c) and c != columns.label}
     batch_rows = _batch_rows(parquet.metadata)
-    stem_prefix = parquet_stem(rel)
+    stem_prefix = parquet_stem(rel) if stem is None else stem
     row = 0
     unreleased = 0
     try:

@@ -180,8 +180,10 @@ def test_rows_are_numbered_without_a_key_column_and_int_labels_are_indices(tmp_p
     )
     path = tmp_path / "part.0.parquet"
     pq.write_table(table, path, row_group_size=5)
-    out = tmp_path / "out"
-    shardprep.build(str(path), str(out), shards=2, label_column="target", progress=False)
+    out = tmp_path / "out"  # key_column="": numbered, though an "id" column is there
+    shardprep.build(
+        str(path), str(out), shards=2, label_column="target", key_column="", progress=False
+    )
     got = {k: m for shard in shard_members(out) for k, m in shard.items()}
     assert got == {
         f"part_0-{i:09d}": {
@@ -200,6 +202,11 @@ def test_rows_are_numbered_without_a_key_column_and_int_labels_are_indices(tmp_p
     keys = {k for shard in shard_members(out2) for k in shard}
     assert keys == {f"row_{i}" for i in range(12)}  # keys.py's rule: '.' becomes '_'
     assert json.loads((out2 / "manifest.json").read_text())["options"]["key_column"] == "id"
+    out3 = tmp_path / "out-default"  # "id" is a default key column (scan/parquet_keys.py)
+    shardprep.build(str(path), str(out3), shards=2, label_column="target", progress=False)
+    assert {n: (out3 / n).read_bytes() for n in ("shard-00000.tar", "shard-00001.tar")} == {
+        n: (out2 / n).read_bytes() for n in ("shard-00000.tar", "shard-00001.tar")
+    }
 
 
 def test_a_folder_of_two_parquet_files_is_parquet_not_two_keyed_samples(tmp_path: Path) -> None:
