@@ -54,7 +54,9 @@ from loader.read.decode import make_decoder
 from loader.read.output import NumpyOutput, Output
 from loader.read.reader import ShardReader, checked_indexes
 from loader.read.samples import ErrorPolicy, sample_stream, shuffled_windows
+from shardprep.format.manifest import Manifest
 from shardprep.format.shardformat import ShardIndex
+from shardprep.format.versions import read_version
 
 __all__ = ["ShardStream"]
 
@@ -97,6 +99,7 @@ class ShardStream:
         class_weights: str | None = None,
         resample: bool = True,
         output: Output | None = None,
+        version: int | None = None,
     ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be non-negative, not {seed}")
@@ -109,7 +112,7 @@ class ShardStream:
         self.read = read or ReadOptions()
         self.output: Output = output or NumpyOutput()
         self.source = Source(path, self.read.remote)
-        self.manifest = self.source.manifest()
+        self.manifest = self._version(path, version)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.seed, self.shuffle, self.uneven = seed, shuffle, Uneven(uneven)
         self.decode, self.transform, self.allow_pickle = decode, transform, allow_pickle
@@ -131,6 +134,12 @@ class ShardStream:
             if resample:
                 self._sizes = self._reweighting.shard_sizes()
         self._total = sum(self._sizes)
+
+    def _version(self, path: str, version: int | None) -> Manifest:
+        """The manifest of version ``version`` of the build at ``path`` (None: the newest),
+        checked against the sha256 the newest records (shardprep.format.versions)."""
+        newest = self.source.manifest()
+        return read_version(newest, version, partial(self.source.read_bytes, setup=True), path)
 
     # --- counts -----------------------------------------------------------------------
 

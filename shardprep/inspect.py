@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardprep.format.errors import InputError
+from shardprep.format.versions import manifest_version, version_entries
 from shardprep.url_output import read_manifest_at
 
 __all__ = ["format_inspection", "inspection", "plot_histograms"]
@@ -24,6 +25,8 @@ def inspection(out: str, storage_options: Mapping[str, Any] | None = None) -> di
     data = manifest.to_json()
     return {
         "out": out,
+        "version": manifest_version(manifest),
+        "versions": version_entries(manifest),
         "options": data["options"],
         "classes": data["classes"],
         "totals": data["totals"],
@@ -39,6 +42,7 @@ def inspection(out: str, storage_options: Mapping[str, Any] | None = None) -> di
                 "totals",
                 "shards",
                 "input_fingerprint",
+                "versions",
             }
         },
         "shards": [
@@ -64,9 +68,19 @@ def format_inspection(data: dict[str, Any]) -> str:
         )
     weighting = data.get("class_weighting")
     if weighting:
-        lines.append("  class weighting: " + str(weighting.get("mode")))
-        lines.append("    original counts: " + str(weighting.get("original_counts")))
-        lines.append("    realized counts: " + str(weighting.get("realized_counts")))
+        lines += _weighting_lines(weighting, "  ")
+    versions = data.get("versions") or []
+    if len(versions) > 1:  # a build appended to: what each version added
+        lines.append(f"  versions: {len(versions)} (this manifest is version {data['version']})")
+        for v in versions:
+            last = v["first_shard"] + v["num_shards"] - 1
+            sha = v.get("manifest_sha256")
+            lines.append(
+                f"    {v['version']}: shards {v['first_shard']}-{last}, {v['num_samples']} "
+                + ("samples, " + f"manifest sha256 {sha}" if sha else "samples (manifest.json)")
+            )
+            if v.get("class_weighting"):
+                lines += _weighting_lines(v["class_weighting"], "      ")
     lines.append(f"  {'shard':<22}{'samples':>9}{'bytes':>14}  class histogram")
     for s in data["shards"]:
         lines.append(
@@ -74,6 +88,14 @@ def format_inspection(data: dict[str, Any]) -> str:
             + " ".join(str(c) for c in s["class_counts"])
         )
     return "\n".join(lines)
+
+
+def _weighting_lines(weighting: dict[str, Any], indent: str) -> list[str]:
+    return [
+        f"{indent}class weighting: {weighting.get('mode')}",
+        f"{indent}  original counts: {weighting.get('original_counts')}",
+        f"{indent}  realized counts: {weighting.get('realized_counts')}",
+    ]
 
 
 def plot_histograms(out: str, png: str, storage_options: Mapping[str, Any] | None = None) -> None:

@@ -54,7 +54,10 @@ _RANK_POSITION = ("epoch", "batches")
 _WORKER_POSITION = ("epoch", "slot", "yielded")
 
 _HINTS = {
-    "manifest": "the state was saved for another build of the data",
+    "manifest": "the state was saved for another build of the data, or another version of "
+    "it (a build appended to: a state resumes only on the version it was saved on; pass "
+    "ShardDataset(OUT, version=N), and see each version's manifest sha256 with shardprep "
+    "inspect OUT)",
     "world_size": "this dataset resumes at the world size it was saved at only (elastic resume "
     "is for a ShardDataset with a batch_size)",
     "num_workers": "torchdata's StatefulDataLoader restores the num_workers it saved only; for "

@@ -70,6 +70,8 @@ class ShardDataset(TorchLayer):
             draws a seeded multiset with those class proportions (same total);
             with ``resample=False`` the data is unchanged and every sample
             carries ``"__weight__"`` (target share / actual share of its class).
+        version: read this version of a build that was appended to (``shardprep build
+            --append``; 1 is the first build), exactly as it was; None reads the newest.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class ShardDataset(TorchLayer):
         read: ReadOptions | None = None,
         class_weights: str | None = None,
         resample: bool = True,
+        version: int | None = None,
     ) -> None:
         self.stream: ShardStream
         stream = ShardStream(
@@ -111,6 +114,7 @@ class ShardDataset(TorchLayer):
             class_weights=class_weights,
             resample=resample,
             output=TorchOutput(),
+            version=version,
         )
         super().__init__(stream, rank, world_size)
         if rank is not None and world_size is not None:

@@ -358,3 +358,73 @@ def test_concurrent_appends_never_both_publish(
     manifest = read_manifest(str(out))
     assert manifest_version(manifest) == 2 and len(manifest.shards) == 7
     assert not (out / version_file(3)).exists() and not (out / "shard-00007.tar").exists()
+
+
+def _keys(dataset: Any) -> list[str]:
+    return [str(sample["__key__"]) for sample in dataset]
+
+
+def test_loader_reads_each_version_exactly(raws: tuple[Path, Path], tmp_path: Path) -> None:
+    """ShardDataset(OUT, version=1) is the build as it was before the append, sample for
+    sample in the same order; no version (or the newest) is every sample; a resume state
+    saved on version 1 resumes on version 1 only, refused by name on the newest."""
+    from loader import ShardDataset
+    from loader.core import ShardStream
+    from loader.errors import IncompatibleStateError
+
+    base, new = raws
+    plain, out = tmp_path / "plain", tmp_path / "out"
+    shardprep.build(str(base), str(plain), shards=4, workers=1, progress=False)
+    build_then_append(base, new, out)
+    one: dict[str, Any] = {"rank": 0, "world_size": 1, "seed": 3}
+    before = _keys(ShardDataset(str(plain), **one))
+    assert len(before) == 61
+    assert _keys(ShardDataset(str(out), version=1, **one)) == before
+    newest = _keys(ShardDataset(str(out), **one))
+    assert len(newest) == 81 and set(before) < set(newest)
+    assert _keys(ShardDataset(str(out), version=2, **one)) == newest
+    stream = ShardStream(str(out), version=1)
+    assert [s.num_samples for s in stream.manifest.shards] == [
+        s.num_samples for s in read_manifest(str(plain)).shards
+    ]
+    with pytest.raises(ManifestError, match="there is no version 3: the build has versions 1 to 2"):
+        ShardDataset(str(out), version=3, **one)
+    batched: dict[str, Any] = {"rank": 0, "world_size": 1, "batch_size": 8}
+    saved = ShardDataset(str(out), version=1, **batched)
+    batches = iter(saved)
+    next(batches)
+    state = saved.state_after(next(batches))
+    again = ShardDataset(str(out), version=1, **batched)
+    again.resume(state)
+    rest = [k for b in again for k in b["__key__"]]
+    assert len(rest) == 61 - 16
+    moved = ShardDataset(str(out), **batched)
+    with pytest.raises(IncompatibleStateError, match="another version of it"):
+        moved.resume(state)
+        next(iter(moved))
+
+
+def test_inspect_and_verify_show_versions(raws: tuple[Path, Path], tmp_path: Path) -> None:
+    from tests.faults.helpers import invoke
+
+    base, new = raws
+    out = tmp_path / "out"
+    build_then_append(base, new, out)
+    sha1 = hashlib.sha256((out / version_file(1)).read_bytes()).hexdigest()
+    text = invoke("inspect", str(out)).output.splitlines()
+    assert text[3:6] == [
+        "  versions: 2 (this manifest is version 2)",
+        f"    1: shards 0-3, 61 samples, manifest sha256 {sha1}",
+        "    2: shards 4-6, 20 samples (manifest.json)",
+    ]
+    data = json.loads(invoke("inspect", "--json", str(out)).output)
+    assert data["version"] == 2 and [v["num_shards"] for v in data["versions"]] == [4, 3]
+    result = invoke("verify", "-q", str(out))
+    assert result.exit_code == 0
+    assert result.output == (
+        "ok: 7 shards, 81 samples verified (version 2; its earlier versions checked too)\n"
+    )
+    (out / version_file(1)).unlink()
+    result = invoke("verify", "-q", str(out))
+    assert result.exit_code == 1
+    assert "versions/manifest-00001.json: " in result.stderr and "is missing" in result.stderr
