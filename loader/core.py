@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from loader.io.files import large_samples, leaves_unread
-from loader.io.localahead import WindowPlan, local_ahead, window_reads
+from loader.io.executor import Executor
+from loader.io.files import THREAD_NAME, large_samples, leaves_unread
 from loader.io.ranges import BufferPool
 from loader.io.readahead import read_ahead
 from loader.io.source import Source
@@ -242,14 +242,13 @@ class ShardStream:
         pieces = self._pieces(epoch, world, history)
         rng_key = window_key(self.seed, epoch, world.rank, world.worker, len(history))
         skipped = skip if batch is None else skip * batch
-        # → a reader of the windows' reads: for remote outputs fetched ahead (and cached) in
-        # the same order; windows are read into reused buffers (sample dicts hold copies)
+        # → a reader of the windows' reads, performed ahead in the same order (remote: fetched
+        # and cached; local large samples: the next window); windows are read into reused
+        # buffers (sample dicts hold copies); alone in its process, the reader shares its
+        # local reads with one more thread
         plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
-        # (a local output's next window is read and checked ahead on one thread instead)
-        ahead = window_reads(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
-        # (alone in its process, the reader shares its local reads with one more thread)
         alone = world.num_workers == 1
-        reader = self.reader(epoch, BufferPool(), plan, ahead, unread=gather, split=alone)
+        reader = self.reader(epoch, BufferPool(), plan, True, unread=gather, alone=alone)
         try:
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
@@ -348,24 +347,30 @@ class ShardStream:
         epoch: int,
         pool: BufferPool | None = None,
         plan: ReadPlan | None = None,
-        windows: WindowPlan | None = None,
+        local_ahead: bool = False,
         unread: bool = False,
-        split: bool = False,
+        alone: bool = False,
     ) -> ShardReader:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
-        With a ``plan`` of what it will read, a remote output's reads are fetched ahead (and
-        through the cache) in that order (``loader.io.readahead.read_ahead``); with ``windows``,
-        the same plan window by window, a local output's next window is read and checked
-        ahead on one thread (``loader.io.localahead``). ``unread``: batches read their own large
-        samples from a local output (``loader.torch.scatter``) instead.
+        With a ``plan`` of what it will read, a remote output's reads are performed ahead (and
+        through the cache) in that order (``loader.io.readahead``); with ``local_ahead`` too, a
+        local output of large samples is read one window ahead on one thread, the same way.
+        ``unread``: batches read their own large samples from a local output
+        (``loader.torch.scatter``) instead. ``alone``: the reader is alone in its process (in
+        process, or a DataLoader's only worker): its local reads are shared with one more
+        thread. All of a reader's threads belong to one executor, closed with the reader.
         """
-        io = None if plan is None else read_ahead(self.source, self.manifest, plan)
         read = self.read
         unread = unread and leaves_unread(self.source, self.manifest, read.checksums, read.mapped)
-        # the per-sample path of a local output of large samples: the next window read ahead
-        if io is None and windows is not None and not unread and large_samples(self.manifest):
-            io = local_ahead(self.source, self.manifest, self.read.mapped, windows)
+        ahead = local_ahead and not unread and not read.mapped and large_samples(self.manifest)
+        executor = None
+        if not self.source.remote and (alone or ahead):
+            executor = Executor(1, THREAD_NAME)
+        io = None
+        if plan is not None:
+            window = self.shuffle_buffer_bytes if ahead else 0
+            io = read_ahead(self.source, self.manifest, plan, window, executor)
         return ShardReader(
             self.source,
             self.manifest,
@@ -375,7 +380,8 @@ class ShardStream:
             io=io,
             unread=unread,
             shared=self._indexes,
-            split=split,
+            split=executor if alone else None,
+            executor=executor,
         )
 
     def _expander(

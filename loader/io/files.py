@@ -17,22 +17,22 @@ chunk holding it goes) and its descriptor. ``ShardFiles`` keeps the last few sha
 ``close()`` (the reader's) closes every one it opened, and a chunk that outlives it reads
 nothing (``fd`` becomes -1: a closed descriptor's number is never reused for a read).
 
-``SplitReads`` is the reader's second thread, where the reader is alone in its process: it
-shares a batch's sample reads (``loader.torch.scatter``) and a window's reads in 1 MiB parts
-(``read_into``) with the calling thread; work it has not started when the caller is done is
-withdrawn, so it never holds the caller up.
+Where the reader is alone in its process, it shares its positioned reads with one thread of
+its executor (``loader.io.executor``): a batch's sample reads (``together``, from
+``loader.torch.scatter``) and a window's bytes in 1 MiB parts (``split_read_into``); work the
+thread has not started when the caller is done is withdrawn, so it never holds the caller up.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
+from loader.io.executor import Executor
 from loader.io.source import Source
 from shardprep.format.manifest import Manifest
 
@@ -41,7 +41,8 @@ __all__ = [
     "ShardFile",
     "ShardFiles",
     "SPLIT_BYTES",
-    "SplitReads",
+    "split_read_into",
+    "together",
     "Unread",
     "large_samples",
     "leaves_unread",
@@ -50,9 +51,8 @@ __all__ = [
 
 UNREAD_SAMPLE_BYTES = 64 << 10  # outputs whose samples average this much are left unread
 OPEN_FILES = 8  # shards kept open per reader (chunks still holding one keep it open)
-THREAD_NAME = "shardprep-split-read"
+THREAD_NAME = "shardprep-read"  # the reader's executor (``loader.core``)
 WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead of waiting forever
-JOIN_TIMEOUT_S = 5.0
 SPLIT_MIN = 8  # batches of fewer samples are read on the calling thread alone
 SPLIT_BYTES = 1 << 20  # a window read this large is shared between the threads in parts this size
 
@@ -112,7 +112,7 @@ class ShardFiles:
     """The shards of one local, uncompressed output, opened on demand (at most
     ``OPEN_FILES`` kept; least recently used closed first once no chunk holds it)."""
 
-    def __init__(self, source: Source, manifest: Manifest, split: SplitReads | None) -> None:
+    def __init__(self, source: Source, manifest: Manifest, split: Executor | None) -> None:
         self._source, self._manifest = source, manifest
         self._open: OrderedDict[int, ShardFile] = OrderedDict()
         self._all: weakref.WeakSet[ShardFile] = weakref.WeakSet()
@@ -183,149 +183,38 @@ def positioned_read(fd: int, views: Sequence[memoryview], offset: int, total: in
     return done
 
 
-class SplitReads:
-    """A reader's positioned reads shared between the calling thread and one more, where the
-    reader is alone in its process (in process, or a DataLoader's only worker): a batch's
-    samples (``loader.torch.scatter``), or a window's bytes in two halves (``read_into``).
+def split_read_into(executor: Executor, fd: int, view: memoryview, offset: int) -> int:
+    """``len(view)`` bytes of ``fd`` from ``offset`` into ``view``, in parts of ``SPLIT_BYTES``
+    that the caller and one of ``executor``'s threads take in turn (``os.preadv`` releases the
+    GIL: two cores copy at once); the bytes read (fewer where the file ends)."""
+    bounds = list(range(0, len(view), SPLIT_BYTES)) + [len(view)]
+    got = [0] * (len(bounds) - 1)
+    claim = iter(range(len(got)))
 
-    ``os.preadv`` releases the GIL while the kernel copies out of the page cache, so two
-    threads copy at once on two cores; the checksums (``xxh3``, fast next to the copy) follow
-    each read on the thread that made it. The thread starts at the first split, in the process
-    that reads (never in one that forks DataLoader workers before reading), and ``close()``
-    stops and joins it; a process forked while it runs starts its own. Every wait is bounded.
-    """
+    def work() -> bool:
+        for i in claim:
+            a, b = bounds[i], bounds[i + 1]
+            got[i] = positioned_read(fd, (view[a:b],), offset + a, b - a)
+        return True
 
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._pid = -1
-        self._getpid = os.getpid  # (still there when a generator is closed at interpreter exit)
-        self._jobs: queue.SimpleQueue[Job | None]
-
-    def __call__(self, work: Callable[[], bool], count: int) -> bool:
-        """``work()`` on this thread and on the other at once (they share ``count`` reads
-        between them); whether both succeeded. Alone for fewer than ``SPLIT_MIN`` reads.
-
-        Returns only once the other thread's ``work`` has returned (it writes into buffers
-        the caller owns), and raises what it raised.
-        """
-        if count < SPLIT_MIN:
-            return work()
-        return self._both(work)
-
-    def read_into(self, fd: int, view: memoryview, offset: int) -> int:
-        """``len(view)`` bytes of ``fd`` from ``offset`` into ``view``, in parts of
-        ``SPLIT_BYTES`` that the two threads take in turn; the bytes read (fewer where the
-        file ends)."""
-        bounds = list(range(0, len(view), SPLIT_BYTES)) + [len(view)]
-        got = [0] * (len(bounds) - 1)
-        claim = iter(range(len(got)))
-
-        def work() -> bool:
-            for i in claim:
-                a, b = bounds[i], bounds[i + 1]
-                got[i] = positioned_read(fd, (view[a:b],), offset + a, b - a)
-            return True
-
-        self._both(work)
-        done = 0
-        for i, n in enumerate(got):
-            done += n
-            if n < bounds[i + 1] - bounds[i]:
-                break  # the file ends here
-        return done
-
-    def _both(self, work: Callable[[], bool]) -> bool:
-        """``work()`` here and, if it takes the job in time, on the other thread."""
-        job = self.offer(work)
-        try:
-            mine = work()
-        finally:
-            theirs = self.settle(job)
-        if isinstance(theirs, BaseException):
-            raise theirs
-        return mine and theirs is not False
-
-    def offer(self, work: Callable[[], bool]) -> Job:
-        """Offer ``work`` to the other thread, which starts it as soon as it is free; the
-        caller then runs ``work`` itself too and ends with ``settle``."""
-        if self._thread is None or self._pid != os.getpid():
-            self._start()
-        job = Job(work)
-        self._jobs.put(job)
-        return job
-
-    def settle(self, job: Job) -> bool | BaseException | None:
-        """After the caller's own ``work()``: what the other thread's returned (or raised),
-        once it has; None if it had not taken the job (withdrawn: the caller did it all).
-
-        Raises:
-            TimeoutError: the other thread's work took over ``WAIT_S`` (a hung file system).
-        """
-        with job.lock:  # not taken yet (its thread busy or asleep): withdrawn, all done here
-            taken = job.state == TAKEN
-            if not taken:
-                job.state = WITHDRAWN
-        try:
-            if taken and not job.done.wait(WAIT_S):
-                raise TimeoutError(
-                    f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: "
-                    "is the file system hung?"
-                )
-        finally:
-            # the work holds views of the caller's buffers: a job left in the queue or in the
-            # other thread's last binding must not keep them (a pool or a recycler reuses a
-            # buffer only once no view of it is left)
-            job.work = _done
-        return job.result if taken else None
-
-    def _start(self) -> None:
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=_serve, args=(self._jobs,), name=THREAD_NAME, daemon=True
-        )
-        self._pid = os.getpid()
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop and join the thread (if this process started it)."""
-        thread, self._thread = self._thread, None
-        if thread is not None and self._pid == self._getpid():
-            self._jobs.put(None)
-            # (not started: a Ctrl-C in ``start``; if it runs after all, it reads the None)
-            if thread.is_alive():
-                thread.join(JOIN_TIMEOUT_S)
+    executor.together(work, WAIT_S, _hung)
+    done = 0
+    for i, n in enumerate(got):
+        done += n
+        if n < bounds[i + 1] - bounds[i]:
+            break  # the file ends here
+    return done
 
 
-QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
+def together(executor: Executor | None, work: Callable[[], bool], count: int) -> bool:
+    """``work()`` on the caller, shared with one of ``executor``'s threads (``Executor.together``)
+    when there is one and ``count`` reads are worth it (``SPLIT_MIN``); whether it succeeded."""
+    if executor is None or count < SPLIT_MIN:
+        return work()
+    return executor.together(work, WAIT_S, _hung)
 
 
-def _done() -> bool:
-    return True
-
-
-class Job:
-    """One ``work`` offered to the other thread: taken by it, or withdrawn by the caller once
-    it has done all the work itself (never both: ``lock``)."""
-
-    __slots__ = ("done", "lock", "result", "state", "work")
-
-    def __init__(self, work: Callable[[], bool]) -> None:
-        self.work = work
-        self.state = QUEUED
-        self.result: bool | BaseException = False
-        self.done = threading.Event()
-        self.lock = threading.Lock()
-
-
-def _serve(jobs: queue.SimpleQueue[Job | None]) -> None:
-    while (job := jobs.get()) is not None:
-        with job.lock:
-            if job.state == WITHDRAWN:
-                continue
-            job.state = TAKEN
-        try:
-            job.result = job.work()
-        except BaseException as err:  # handed to the caller, which raises it
-            job.result = err
-        finally:
-            job.done.set()
+def _hung() -> BaseException:
+    return TimeoutError(
+        f"a shard read on thread {THREAD_NAME} took over {WAIT_S:.0f} s: is the file system hung?"
+    )

@@ -1,59 +1,61 @@
-"""Read-ahead: a worker fetches the ranges it will read next, concurrently, in bounded memory.
+"""Read-ahead: a worker performs the reads it will make next, before they are asked for, in
+bounded memory; one mechanism for remote and local outputs.
 
-The epoch order is a pure function of (seed, epoch), so a worker knows its
-whole read schedule before it reads anything: the windows of
-``loader.plan.windows.plan_windows`` over its pieces, each window one read per
-piece (``ShardReader.span``). ``planned_reads`` replays exactly that plan (the
-same windows, the same resume skip); ``plan_groups`` coalesces adjacent reads
-of one shard into groups of at most ``request_bytes``; ``ReadAhead`` keeps
-up to ``max_requests`` ranged GETs in flight on its own threads, at most
-``read_ahead_bytes`` fetched or being fetched beyond the read being served,
-and hands the bytes to the ``ShardReader`` (``read.RangeIO``) in plan order
-(``concurrency``: with ``max_requests=None``, 16 requests per DataLoader split between its
-workers, the budget divided between them: 16 of 4 MiB in process, 8 of 8 MiB in 2 workers).
-The bytes are the same, in the same order: checksums are verified downstream
-as without read-ahead.
+The epoch order is a pure function of (seed, epoch), so a worker knows its whole read
+schedule before it reads anything (``loader.plan.reads``: the same windows, the same resume
+skip, adjacent reads of one shard coalesced into groups of at most ``request_bytes``).
+``ReadAhead`` submits the groups' parts as jobs to the reader's ``loader.io.executor.Executor``
+while at most ``read_ahead_bytes`` are fetched or being fetched beyond the read being served
+(always at least one group), and hands the bytes to the ``ShardReader`` (``io.ranges.RangeIO``)
+in plan order. A part no thread has started when its bytes are asked for is read by the asking
+thread itself. The bytes are the same, in the same order: checksums are checked downstream as
+without read-ahead. What changes between outputs is a ``Fetch`` and a ``Pace``:
 
-``read_ahead(source, manifest, plan)`` is the seam: it gives ``ShardReader``'s
-constructor the factory of its ``RangeIO`` (``None`` for a local output, or
-with neither read-ahead nor cache). A ``ReadPlan`` says what the reader will
-read: ``window_plan`` the windows of a ``ShardStream`` slot, ``piece_plan``
-each piece whole in the order given (a mixture source's batches, drawn lazily
-so that no list as long as the epoch is built).
+- **remote** (``RemoteFetch``): a part is one ranged GET (``Source.fetch``: retried,
+  deadlines); with ``max_requests=None``, 16 requests per DataLoader split between its
+  workers, the budget divided between them: 16 of 4 MiB in process, 8 of 8 MiB in 2 workers
+  (``concurrency``). With a cache (``loader.io.cache``), a group's job makes its shard present
+  in the cache (downloaded whole, once per node) and pins it; reads are then ``pread`` calls on
+  the cached file.
+- **local** (``LocalFetch``): a part is one ``os.preadv`` of the shard file (it releases the
+  GIL: the kernel's copy out of the page cache overlaps the caller's work on the window
+  before), on one thread, one window (``shuffle_buffer_bytes``) ahead. Used for the per-sample
+  path of outputs of large samples (``loader.io.files.large_samples``); outputs of small
+  samples are read when asked (their per-sample work dominates, and a second window would
+  push a small-sample epoch past its memory budget), and batches of large samples read
+  straight into the batch (``loader.torch.scatter``).
 
-Per worker, memory is one window (``shuffle_buffer_bytes``) plus
+``read_ahead(source, manifest, plan, ...)`` is the seam: the factory of a ``ShardReader``'s
+``RangeIO``, or ``None`` for direct reads. Per worker, memory is one window plus
 ``read_ahead_bytes`` (plus one request when a single read is larger).
 
-Threads start at the first read, inside the DataLoader worker (never in the
-process that forks it) and stop in ``close()`` (iterator end, close or an
-exception). Every wait has a deadline, and a failed fetch raises its error
-when its bytes are asked for, naming the file.
-
-With a local cache (``loader.io.cache``) a group's job is to make its shard
-present in the cache (downloading it whole, once per node) and to pin it;
-reads are then ``pread`` calls on the cached file.
+Threads start at the first read, inside the process that iterates (a DataLoader worker, never
+the process that forks it) and stop in ``close()`` (iterator end, close or an exception). A
+process forked from that one which goes on with the same iteration reads directly. Every wait
+has a deadline, and a failed fetch raises its error when its bytes are asked for, naming the
+file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from loader.errors import UnreachableError
+from loader.io.executor import Executor, Job
 from loader.io.options import RemoteOptions
 from loader.io.ranges import RangeIO
 from loader.io.source import Source, worst_case_s
 from loader.plan.reads import Group, Read, ReadPlan, Spans, plan_groups
 from shardprep.format.manifest import Manifest
 
-__all__ = ["ReadAhead", "concurrency", "read_ahead"]
+__all__ = ["LocalFetch", "Pace", "ReadAhead", "RemoteFetch", "concurrency", "read_ahead"]
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,20 @@ AUTO_REQUESTS = 16  # max_requests=None: requests in flight per DataLoader, spli
 MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
 MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
-JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current request
+LOCAL_WAIT_S = 300.0  # a local read this slow is a hung file system: say so, don't wait forever
+LOCAL_PART_BYTES = 4 << 20  # a local group is read in parts this large
 THREAD_NAME = "shardprep-read-ahead"
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How far ahead a read-ahead runs: ``threads`` performing parts of at most
+    ``request_bytes``, with at most ``ahead_bytes`` fetched or in flight beyond the read
+    being served."""
+
+    threads: int
+    ahead_bytes: int
+    request_bytes: int
 
 
 def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
@@ -71,9 +85,10 @@ def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
 
     ``max_requests`` given: it and ``request_bytes``, per worker. ``None``: ``AUTO_REQUESTS``
     split between the workers (at least ``MIN_AUTO_REQUESTS`` each), each request at most
-    ``read_ahead_bytes`` over that count (not under ``MIN_AUTO_REQUEST_BYTES``): the budget is spent on as many connections as it
-    holds (a paced link gives each connection its share; one process alone needs more of
-    them), and workers together keep the node's count (fewer, larger requests each).
+    ``read_ahead_bytes`` over that count (not under ``MIN_AUTO_REQUEST_BYTES``): the budget is
+    spent on as many connections as it holds (a paced link gives each connection its share;
+    one process alone needs more of them), and workers together keep the node's count (fewer,
+    larger requests each).
     """
     if options.max_requests is not None:
         return options.max_requests, options.request_bytes
@@ -90,101 +105,100 @@ def dataloader_workers() -> int:
     return 1 if info is None else int(info.num_workers)
 
 
-class _Job:
-    """A unit of work for the pool: its result, or its error, once done."""
+class Fetch(Protocol):
+    """Where a read-ahead's bytes come from (``RemoteFetch``, ``LocalFetch``)."""
 
-    __slots__ = ("done", "error", "fn", "value")
+    cache: Any  # a loader.io.cache.ShardCache, or None
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
+    def index(self, shard: int) -> bytes:
+        """The whole index file of ``shard``."""
 
-    def run(self) -> None:
-        try:
-            self.value = self.fn()
-        except BaseException as err:  # handed to the consumer, which re-raises it
-            self.error = err
-        finally:
-            self.done.set()
+    def part(self, shard: int, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``shard``'s file (fewer where the file ends)."""
+
+    def timeout(self, size: int) -> float:
+        """Seconds a wait for a part of ``size`` bytes may take before ``hung`` is raised."""
+
+    def hung(self, name: str, timeout: float) -> BaseException:
+        """The error of a wait for ``name`` that outlived ``timeout``."""
 
 
-class _Pool:
-    """A few daemon threads running jobs by priority, then in submission order.
+class RemoteFetch:
+    """Ranged GETs of a remote output (``Source.fetch``), through the cache if there is one."""
 
-    The first submit starts one thread, which starts the others before taking jobs: the
-    thread that submits (the reader) is not held up starting them one by one (each start
-    waits for the new thread to run, behind the GIL of the ones already fetching).
-    """
+    def __init__(self, source: Source, manifest: Manifest, cache: Any = None) -> None:
+        self._source, self._manifest, self.cache = source, manifest, cache
 
-    def __init__(self, threads: int) -> None:
-        self._size = threads
-        # (priority, sequence, job): index files (0) before data (1), else first come first served
-        self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
-        self._sequence = 0
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []  # started ones, the starter first
-        self._started = False
-        self._closed = threading.Event()
-        # (still there when an epoch's generator is closed at interpreter exit, after the
-        # modules' globals are gone: the daemon threads then end with the process)
-        self._finalizing = sys.is_finalizing
+    def index(self, shard: int) -> bytes:
+        entry = self._manifest.shards[shard]
+        if self.cache is not None:
+            cached = self.cache.read_index(entry)
+            if cached is not None:
+                return cached  # type: ignore[no-any-return]
+        return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
 
-    def submit(self, fn: Callable[[], Any], priority: int = 1) -> _Job:
-        if self._closed.is_set():
-            raise RuntimeError("read-ahead is closed")
-        job = _Job(fn)
-        self._sequence += 1
-        self._queue.put((priority, self._sequence, job))
-        if not self._started:
-            self._start(0)  # raises (and the read with it) when not even one thread starts
-            self._started = True
-        return job
+    def part(self, shard: int, start: int, stop: int) -> bytes:
+        name = self._manifest.shards[shard].file
+        return self._source.fetch(name, start, stop) if stop > start else b""
 
-    def _start(self, i: int) -> None:
-        thread = threading.Thread(target=self._work, args=(i,), name=f"{THREAD_NAME}-{i}")
-        thread.daemon = True
-        with self._lock:
-            thread.start()
-            self._threads.append(thread)
+    def timeout(self, size: int) -> float:
+        extra = 0.0 if self.cache is None else self.cache.lock_timeout_s
+        return worst_case_s(self._source.options, size) + WAIT_SLACK_S + extra
 
-    def _work(self, i: int) -> None:
-        if i == 0:  # the starter: the other threads first, then jobs like them
-            for k in range(1, self._size):
-                if self._closed.is_set():
-                    break
-                try:
-                    self._start(k)
-                except RuntimeError as err:  # "can't start new thread": fewer threads, slower
-                    log.warning("read-ahead: %d of %d threads (%s)", k, self._size, err)
-                    break
-        while True:
-            job = self._queue.get()[2]
-            if job is None or self._closed.is_set():
-                if job is not None:
-                    job.error = RuntimeError("read-ahead closed before this job ran")
-                    job.done.set()
-                return
-            job.run()
+    def hung(self, name: str, timeout: float) -> BaseException:
+        url = self._source.path(name)
+        return UnreachableError(
+            f"{url}: no answer within {timeout:.0f} s (read-ahead); "
+            "check the network and the server, or lower RemoteOptions.request_bytes",
+            url=url,
+        )
 
-    def close(self) -> None:
-        """Drop queued jobs and stop every thread (each after its current job, bounded)."""
-        self._closed.set()
-        if self._finalizing():
-            return  # nothing to wake or wait for: the interpreter is ending
-        for i in range(self._size):  # one for each thread there is or may still be started
-            self._queue.put((-1, i, None))  # ahead of every job
-        with self._lock:
-            starter = self._threads[:1]
-        for thread in starter:  # no thread is started after the starter has ended
-            thread.join(JOIN_TIMEOUT_S)
-        with self._lock:
-            threads, self._threads = self._threads, []
-        for thread in threads:
-            thread.join(JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                log.warning("%s still busy with a request %.0f s after close", thread.name, 5.0)
+
+class LocalFetch:
+    """Positioned reads of a local output's shard files."""
+
+    cache = None
+
+    def __init__(self, source: Source, manifest: Manifest) -> None:
+        self._source, self._manifest = source, manifest
+
+    def index(self, shard: int) -> bytes:
+        entry = self._manifest.shards[shard]
+        return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
+
+    def part(self, shard: int, start: int, stop: int) -> bytes:
+        name = self._manifest.shards[shard].file
+        with self._source.open(name) as f:
+            try:
+                data = os.pread(f.fileno(), stop - start, start)
+                while 0 < len(data) < stop - start:  # a short read before the end: go on
+                    more = os.pread(f.fileno(), stop - start - len(data), start + len(data))
+                    if not more:
+                        break
+                    data += more
+            except OSError as err:
+                raise self._named(err, name, start, stop - start) from err
+        return data
+
+    def _named(self, err: OSError, name: str, offset: int, size: int) -> OSError:
+        """``err``, naming the shard if it does not (``os.pread``'s EIO names no file): the
+        same type, so a missing shard is still told apart."""
+        if err.filename is not None or err.errno is None:
+            return err
+        return type(err)(
+            err.errno,
+            f"{err.strerror} (reading {size} bytes at offset {offset})",
+            self._source.path(name),
+        )
+
+    def timeout(self, size: int) -> float:
+        return LOCAL_WAIT_S
+
+    def hung(self, name: str, timeout: float) -> BaseException:
+        return TimeoutError(
+            f"{self._source.path(name)}: a read did not finish within {timeout:.0f} s "
+            "(local read-ahead): is the file system hung?"
+        )
 
 
 class _Pending:
@@ -197,28 +211,29 @@ class _Pending:
 
     __slots__ = ("cost", "group", "parts", "remaining")
 
-    def __init__(self, group: Group, parts: list[tuple[int, _Job]], cost: int) -> None:
+    def __init__(self, group: Group, parts: list[tuple[int, Job]], cost: int) -> None:
         self.group, self.parts, self.cost = group, parts, cost
         self.remaining = len(group.reads)
 
 
 class ReadAhead:
-    """A ``read.RangeIO`` that fetches planned reads ahead on a few threads (see the module doc)."""
+    """A ``RangeIO`` that performs planned reads ahead on an executor (see the module doc)."""
 
     def __init__(
         self,
-        source: Source,
+        fetch: Fetch,
         manifest: Manifest,
         reads: Iterator[Read],
         shard_order: Iterable[int],
-        options: RemoteOptions,
-        cache: Any = None,
+        pace: Pace,
+        executor: Executor | None = None,
     ) -> None:
-        self._source, self._manifest, self._options = source, manifest, options
-        requests, self._request_bytes = concurrency(options, dataloader_workers())
-        self._groups = plan_groups(reads, self._request_bytes)
-        self._cache = cache  # a loader.io.cache.ShardCache, or None: stream into memory
-        self._pool = _Pool(requests)
+        self._fetch, self._manifest, self._pace = fetch, manifest, pace
+        self._request_bytes = pace.request_bytes
+        self._groups = plan_groups(reads, pace.request_bytes)
+        self._cache = fetch.cache  # a loader.io.cache.ShardCache, or None: stream into memory
+        self._own = executor is None
+        self._pool = executor if executor is not None else Executor(pace.threads, THREAD_NAME)
         self._pending: deque[_Pending] = deque()
         self._budget = 0  # bytes held or in flight ahead (see _cost)
         self._pinned: dict[int, int] = {}  # cache mode: outstanding groups per shard
@@ -227,8 +242,9 @@ class ReadAhead:
         self._order: list[int] = []  # the distinct shards drawn so far, in order of first use
         self._position: dict[int, int] = {}  # shard -> its place in _order
         self._next_index = 0
-        self._index_jobs: dict[int, _Job] = {}
+        self._index_jobs: dict[int, Job] = {}
         self._closed = False
+        self._pid = os.getpid()  # a process forked from this one reads directly
         self.misses = 0  # reads that were not the next planned one (served directly)
 
     # --- RangeIO --------------------------------------------------------------------
@@ -238,13 +254,14 @@ class ReadAhead:
         self._prefetch_indexes(shard)
         job = self._index_jobs.pop(shard, None)
         if job is None:
-            data: bytes = self._fetch_index(shard)
-            return data
+            return self._fetch.index(shard)
         entry = self._manifest.shards[shard]
         return self._wait(job, entry.index_file, entry.index_bytes)  # type: ignore[no-any-return]
 
     def read(self, shard: int, offset: int, size: int) -> bytes:
         """The next planned read's bytes (fetched ahead); any other read is made directly."""
+        if os.getpid() != self._pid:  # a fork: this process has none of the jobs' threads
+            return self._direct(Read(shard, offset, size))
         self._top_up()
         head = self._pending[0] if self._pending else None
         want = Read(shard, offset, size)
@@ -266,7 +283,8 @@ class ReadAhead:
         if self._closed:
             return
         self._closed = True
-        self._pool.close()
+        if self._own:
+            self._pool.close()
         while self._pending:
             self._release(self._pending.popleft())
 
@@ -274,7 +292,7 @@ class ReadAhead:
 
     def _top_up(self) -> None:
         """Submit groups until ``read_ahead_bytes`` are ahead (always at least one group)."""
-        limit = self._options.read_ahead_bytes
+        limit = self._pace.ahead_bytes
         while (
             not self._exhausted and not self._closed and (not self._pending or self._budget < limit)
         ):
@@ -317,7 +335,7 @@ class ReadAhead:
         for shard in self._order[self._next_index : self._next_index + INDEX_AHEAD]:
             if shard not in self._index_jobs and not self._closed:
                 self._index_jobs[shard] = self._pool.submit(
-                    partial(self._fetch_index, shard), priority=0
+                    partial(self._fetch.index, shard), priority=0
                 )
 
     def _draw(self, enough: Callable[[], bool]) -> None:
@@ -332,15 +350,7 @@ class ReadAhead:
 
     # --- fetching (pool threads) -----------------------------------------------------
 
-    def _fetch_index(self, shard: int) -> bytes:
-        entry = self._manifest.shards[shard]
-        if self._cache is not None:
-            cached = self._cache.read_index(entry)
-            if cached is not None:
-                return cached  # type: ignore[no-any-return]
-        return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
-
-    def _submit(self, group: Group) -> list[tuple[int, _Job]]:
+    def _submit(self, group: Group) -> list[tuple[int, Job]]:
         """The group's jobs: its parts (streaming), or its shard made present in the cache."""
         entry = self._manifest.shards[group.shard]
         stop = min(group.stop, entry.num_bytes)
@@ -351,9 +361,7 @@ class ReadAhead:
                 pinned = cache.open(entry)
                 if pinned is not None:
                     return pinned
-                return (
-                    self._source.fetch(entry.file, group.start, stop) if stop > group.start else b""
-                )
+                return self._fetch.part(group.shard, group.start, stop)
 
             return [(group.start, self._pool.submit(cached))]
         step = self._request_bytes
@@ -361,17 +369,15 @@ class ReadAhead:
         return [
             (
                 start,
-                self._pool.submit(partial(self._fetch, entry.file, start, min(start + step, stop))),
+                self._pool.submit(
+                    partial(self._fetch.part, group.shard, start, min(start + step, stop))
+                ),
             )
             for start in starts
         ]
 
-    def _fetch(self, name: str, start: int, stop: int) -> bytes:
-        return self._source.fetch(name, start, stop) if stop > start else b""
-
     def _direct(self, read: Read) -> bytes:
-        entry = self._manifest.shards[read.shard]
-        return self._source.fetch(entry.file, read.offset, read.stop) if read.size else b""
+        return self._fetch.part(read.shard, read.offset, read.stop) if read.size else b""
 
     # --- consuming ------------------------------------------------------------------
 
@@ -395,51 +401,49 @@ class ReadAhead:
             chunks.append(value[max(0, read.offset - start) : read.stop - start])
         return b"".join(chunks)
 
-    def _wait(self, job: _Job, name: str, size: int) -> Any:
-        """``job``'s result within its deadline; its error re-raised as it is."""
-        timeout = worst_case_s(self._options, size) + WAIT_SLACK_S
-        if self._cache is not None:
-            timeout += self._cache.lock_timeout_s
-        if not job.done.wait(timeout):
-            raise UnreachableError(
-                f"{self._source.path(name)}: no answer within {timeout:.0f} s (read-ahead); "
-                "check the network and the server, or lower RemoteOptions.request_bytes",
-                url=self._source.path(name),
-            )
-        if job.error is not None:
-            raise job.error
-        return job.value
+    def _wait(self, job: Job, name: str, size: int) -> Any:
+        """``job``'s result (run here if no thread has started it), within its deadline; its
+        error re-raised as it is."""
+        timeout = self._fetch.timeout(size)
+        return self._pool.result(job, timeout, partial(self._fetch.hung, name, timeout))
 
 
 def read_ahead(
-    source: Source, manifest: Manifest, plan: ReadPlan
+    source: Source,
+    manifest: Manifest,
+    plan: ReadPlan,
+    local_ahead_bytes: int = 0,
+    executor: Executor | None = None,
 ) -> Callable[[Spans], RangeIO] | None:
-    """The ``io`` factory of a ``Spans`` that will read ``plan``: its read-ahead (and the
-    cache) for a remote output with them on; ``None`` (direct reads) otherwise.
-
-    Local outputs keep direct reads: a page-cache ``pread`` has no latency to hide.
+    """The ``io`` factory of a ``ShardReader`` that will read ``plan``, or ``None`` (direct
+    reads): for a remote output, its read-ahead (and the cache) unless both are off; for a
+    local one, ``local_ahead_bytes`` ahead (0: none) on one thread of ``executor``'s (the
+    reader's), for an uncompressed output (a zstd one decompresses what it reads: the caller's
+    work, not the read, dominates).
     """
     options = source.options
+    fetch: Fetch
     if not source.remote:
-        return None
-    cache = None
-    if options.cache_dir is not None:
-        from loader.io.cache import ShardCache
+        if local_ahead_bytes <= 0 or manifest.compression == "zstd":
+            return None
+        fetch = LocalFetch(source, manifest)
+        pace = Pace(1, local_ahead_bytes, LOCAL_PART_BYTES)
+    else:
+        cache = None
+        if options.cache_dir is not None:
+            from loader.io.cache import ShardCache
 
-        cache = ShardCache.for_output(source, manifest)
-    if options.read_ahead_bytes == 0 and cache is None:
-        return None
-    if options.read_ahead_bytes == 0:
-        options = _replace_read_ahead(options)
+            cache = ShardCache.for_output(source, manifest)
+        if options.read_ahead_bytes == 0 and cache is None:
+            return None
+        if options.read_ahead_bytes == 0:  # a cache alone: one group at a time, from the cache
+            options = replace(options, read_ahead_bytes=1, max_requests=1)
+        fetch = RemoteFetch(source, manifest, cache)
+        requests, request_bytes = concurrency(options, dataloader_workers())
+        pace = Pace(requests, options.read_ahead_bytes, request_bytes)
+        executor = None  # its own threads: as many as requests in flight
 
     def make(reader: Spans) -> RangeIO:
-        return ReadAhead(source, manifest, plan.reads(reader), plan.shards(), options, cache)
+        return ReadAhead(fetch, manifest, plan.reads(reader), plan.shards(), pace, executor)
 
     return make
-
-
-def _replace_read_ahead(options: RemoteOptions) -> RemoteOptions:
-    """With a cache but no read-ahead: one group at a time (each still served from the cache)."""
-    from dataclasses import replace
-
-    return replace(options, read_ahead_bytes=1, max_requests=1)

@@ -79,7 +79,7 @@ def planned_reads(
 def planned_windows(
     pieces: list[SampleRange], reader: Spans, skip: int, max_samples: int, max_bytes: int
 ) -> Iterator[list[Read]]:
-    """``planned_reads`` window by window: each window's reads (``loader.io.localahead``)."""
+    """``planned_reads`` window by window: each window's reads."""
     for window in plan_windows(pieces, reader.sample_sizes, max_samples, max_bytes):
         size = sum(len(piece) for piece in window)
         if skip >= size:

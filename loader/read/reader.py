@@ -52,7 +52,8 @@ import numpy as np
 import numpy.typing as npt
 
 from loader.errors import CorruptShardError, UnreachableError
-from loader.io.files import SPLIT_BYTES, ShardFiles, SplitReads, Unread, leaves_unread
+from loader.io.executor import Executor
+from loader.io.files import SPLIT_BYTES, ShardFiles, Unread, leaves_unread, split_read_into
 from loader.io.ranges import BufferPool, RangeIO
 from loader.io.source import Source
 from loader.options import ReadOptions
@@ -179,7 +180,8 @@ class ShardReader:
         io: Callable[[ShardReader], RangeIO] | None = None,
         unread: bool = False,
         shared: Mapping[int, ShardIndex] | None = None,
-        split: bool = False,
+        split: Executor | None = None,
+        executor: Executor | None = None,
     ) -> None:
         """``read``: how shards are checked and read (``checksums``, ``verify``, ``mapped``;
         the other fields are the stream's). ``expand``: a shard's reweighted sequence.
@@ -191,9 +193,10 @@ class ShardReader:
         ``unread``: a local uncompressed output's chunks of large samples are left unread,
         for batches that read their own samples (``loader.io.files``, ``loader.torch.scatter``).
         ``shared``: indexes read and checked already (``checked_indexes``), used as they are.
-        ``split``: this reader is alone in its process (in process, or a DataLoader's only
-        worker): a local output's reads are shared with one more thread
-        (``loader.io.files.SplitReads``)."""
+        ``split``: the reader's executor when it is alone in its process (in process, or a
+        DataLoader's only worker): a local output's reads are shared with one of its threads
+        (``loader.io.files.split_read_into``, ``together``). ``executor``: the reader's threads
+        (``split``'s, a local read-ahead's), closed with the reader."""
         checksums, mapped = read.checksums, read.mapped
         self._source = source
         self._mapped = mapped
@@ -221,7 +224,8 @@ class ShardReader:
             self._zstd = zstandard.ZstdDecompressor()
         # where shard and index bytes come from when not read here: read-ahead or a local cache
         self.io: RangeIO | None = None if io is None else io(self)
-        self._split = SplitReads() if split and not source.remote else None
+        self._split = split if not source.remote else None
+        self._executor = executor
         self._files = (
             ShardFiles(source, manifest, self._split)
             if unread and self.io is None and leaves_unread(source, manifest, checksums, mapped)
@@ -502,7 +506,7 @@ class ShardReader:
                 return self._file.read(wanted)
             buffer = pool.take(wanted)
             if self._split is not None and wanted >= SPLIT_BYTES:  # two threads copy at once
-                return buffer[: self._split.read_into(self._file.fileno(), buffer, offset)]
+                return buffer[: split_read_into(self._split, self._file.fileno(), buffer, offset)]
             return buffer[: self._file.readinto(buffer)]  # type: ignore[attr-defined]
 
         try:
@@ -563,14 +567,14 @@ class ShardReader:
     def close(self) -> None:
         """Close the open shard files and the read-ahead (its threads), if any."""
         self._close_file()
+        if self._files is not None:
+            self._files.close()
         try:
-            if self._split is not None:
-                self._split.close()
-        finally:  # (a Ctrl-C in the thread's join still closes the files)
-            if self._files is not None:
-                self._files.close()
-        if self.io is not None:
-            self.io.close()
+            if self.io is not None:
+                self.io.close()
+        finally:  # (a Ctrl-C in a join still stops the other threads)
+            if self._executor is not None:
+                self._executor.close()
 
     def _close_file(self) -> None:
         if self._file is not None:

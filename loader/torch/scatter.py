@@ -13,7 +13,7 @@ checksum, or the batch's samples differ in their fields, ``gather_fields`` gives
 took and returns None; the caller makes the batch from the windows' bytes read whole, the
 path that names the damaged sample.
 
-Where the reader has a second thread (``SplitReads``: alone in its process), the two share a
+Where the reader has a second thread (the reader's executor, ``loader.io.files.together``: alone in its process), the two share a
 batch's samples, claiming them one at a time, while the caller waits for the batch; nothing is
 read ahead of the batch asked for. (Reading the next batch while the consumer used this one was
 3-5% slower here: each thread's return from ``os.preadv`` waits for the GIL the other holds.)
@@ -31,7 +31,7 @@ import numpy.typing as npt
 import torch
 import xxhash
 
-from loader.io.files import ShardFile, Unread, positioned_read
+from loader.io.files import ShardFile, Unread, positioned_read, together
 from loader.torch.arena import fresh_shared
 from loader.torch.batch import SHARE_BYTES, Packed
 
@@ -228,7 +228,7 @@ def gather_fields(
         unread = segments[0][0].unread
         split = unread[0].files.split if unread else None  # (alone in its process: two threads)
         work = partial(_read_checked, reads, iter(range(len(reads.files))))
-        if work() if split is None else split(work, len(reads.files)):
+        if together(split, work, len(reads.files)):
             return packs
     _give_back(packs, arena)
     return None
