@@ -25,8 +25,8 @@ from loader import (  # noqa: E402
     ReadOptions,
     RemoteOptions,
     ShardDataset,
-    obstore_backend,  # noqa: E402
 )
+from loader.io import obstore_backend  # noqa: E402
 from loader.io import source as source_module  # noqa: E402
 from loader.io.fetch import backend_for  # noqa: E402
 from loader.io.obstore_backend import UntranslatableOption, translate  # noqa: E402
