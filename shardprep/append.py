@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.config import BuildConfig
-from shardprep.format.errors import InputError, ManifestError
+from shardprep.format.errors import InputError, KeyInBuildError, ManifestError
 from shardprep.format.manifest import (
     JOURNAL_NAME,
     MAX_MANIFEST_BYTES,
@@ -305,7 +305,7 @@ def check_new_keys(
     """Refuse an append whose samples repeat a key of the build it appends to.
 
     Raises:
-        InputError: naming the key, NEW's sample and the shard (and version) of OUT with it.
+        KeyInBuildError: naming the key, NEW's sample and the shard (and version) of OUT.
         ManifestError: a base index is damaged (:func:`base_keys`).
     """
     keys = base_keys(base, read, out)
@@ -313,10 +313,8 @@ def check_new_keys(
         shard = keys.get(key)
         if shard is not None:
             path = _source_path(inventory.root, inventory.sample(source).source)
-            raise InputError(
-                f"{path}: its sample key {key!r} is already in {out.rstrip('/')}/"
-                f"{base.shards[shard].file} (version {version_of_shard(base, shard)} of the "
-                "build); keys are unique across every version of a build: rename the sample "
-                "or leave it out of the append. Nothing was written",
-                path,
+            held = (
+                f"{out.rstrip('/')}/{base.shards[shard].file} (version "
+                f"{version_of_shard(base, shard)} of the build)"
             )
+            raise KeyInBuildError(key, path, held)

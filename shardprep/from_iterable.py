@@ -28,7 +28,13 @@ from tqdm import tqdm
 from shardprep.builder import BuildSummary, build
 from shardprep.config import BuildConfig
 from shardprep.destination import open_destination
-from shardprep.format.errors import BuildInterrupted, DuplicateKeyError, InputError, OutputError
+from shardprep.format.errors import (
+    BuildInterrupted,
+    DuplicateKeyError,
+    InputError,
+    KeyInBuildError,
+    OutputError,
+)
 from shardprep.scan.iterable import Spilled, spill_samples
 from shardprep.scratch import OwnedFolder, sweep_stale
 from shardprep.storage import is_url
@@ -74,6 +80,12 @@ def build_from_iterable(samples: Iterable[Any], out: str, **options: Any) -> Bui
         spilled = _spill(samples, os.path.join(folder, "samples"), config)
         try:
             summary = build(spilled.folder, out, **{**options, "input_format": "tar"})
+        except KeyInBuildError as err:  # append=True: the scratch file names nothing useful
+            raise InputError(
+                f"sample key {err.key!r} is already in {err.held}; keys are unique across "
+                "every version of a build: give the sample another __key__ or leave it out "
+                "(nothing was written to OUT)"
+            ) from err
         except DuplicateKeyError as err:
             raise InputError(
                 f"sample key {err.key!r} is given to more than one sample: give every sample "

@@ -79,6 +79,23 @@ class DuplicateKeyError(InputError):
         return (DuplicateKeyError, (self.key, self.paths, self.advice))
 
 
+class KeyInBuildError(InputError):
+    """A sample of an append has a key the build it appends to holds already (``held``: the
+    shard, and its version); keys are unique across every version of a build."""
+
+    def __init__(self, key: str, source: str, held: str) -> None:
+        super().__init__(
+            f"{source}: its sample key {key!r} is already in {held}; keys are unique across "
+            "every version of a build: rename the sample or leave it out of the append. "
+            "Nothing was written",
+            path=source,
+        )
+        self.key, self.source, self.held = key, source, held
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (KeyInBuildError, (self.key, self.source, self.held))
+
+
 class PlanError(ShardprepError):
     """The requested output cannot be made from this input (e.g. more shards than samples)."""
 

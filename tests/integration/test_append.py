@@ -428,3 +428,25 @@ def test_inspect_and_verify_show_versions(raws: tuple[Path, Path], tmp_path: Pat
     result = invoke("verify", "-q", str(out))
     assert result.exit_code == 1
     assert "versions/manifest-00001.json: " in result.stderr and "is missing" in result.stderr
+
+
+def test_append_from_an_iterable(tmp_path: Path) -> None:
+    """append=True takes samples from code too; a repeated key is named without the scratch
+    file it was spilled to."""
+    out = tmp_path / "out"
+    first = [{"__key__": f"k{i}", "bin": bytes([i]) * 10, "cls": i % 2} for i in range(20)]
+    shardprep.build(first, str(out), shards=2, progress=False)
+    more = [{"__key__": f"n{i}", "bin": bytes([i]) * 10, "cls": i % 3} for i in range(9)]
+    summary = shardprep.build(more, str(out), shards=2, append=True, progress=False)
+    assert (summary.version, summary.first_shard, summary.num_samples) == (2, 2, 9)
+    assert read_manifest(str(out)).class_counts == (13, 13, 3)
+    before = tree(out)
+    again = [{"__key__": "k3", "bin": b"x", "cls": 0}]
+    with pytest.raises(InputError) as caught:
+        shardprep.build(again, str(out), shards=1, append=True, progress=False)
+    assert str(caught.value) == (
+        f"sample key 'k3' is already in {out}/shard-00001.tar (version 1 of the build); keys are "
+        "unique across every version of a build: give the sample another __key__ or leave it "
+        "out (nothing was written to OUT)"
+    )
+    assert tree(out) == before
