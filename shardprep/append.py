@@ -72,7 +72,11 @@ class AppendBase:
 
     def journal_record(self) -> dict[str, Any]:
         """What the append's journal records of its base."""
-        return {"base_version": self.version, "base_manifest_sha256": self.manifest.fingerprint}
+        return {
+            "base_version": self.version,
+            "base_manifest_sha256": self.manifest.fingerprint,
+            "first_shard": self.first_shard,
+        }
 
     def fingerprint(self, own: str) -> str:
         """The append's input fingerprint: its own (input, options) and its base's."""

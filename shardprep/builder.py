@@ -383,26 +383,50 @@ def is_complete_output(out: str) -> bool:
 
 
 def interrupted_around(
-    out: str, was_complete: bool, overwrite: bool, shards: int, compression: str
+    out: str,
+    was_complete: bool,
+    overwrite: bool,
+    shards: int,
+    compression: str,
+    append: bool = False,
 ) -> str | None:
     """The CLI's advice for a Ctrl-C that landed around :func:`build` rather than inside it (in
     its first steps, or as it returned), read from what local folder ``out`` holds now; None for
     a URL (not looked at after a Ctrl-C). ``was_complete``: ``out`` held a manifest and no
-    journal before the build began; ``shards`` and ``compression``: the build's options."""
+    journal before the build began; ``shards``, ``compression`` and ``append``: the build's
+    options (an append's shards are numbered from the ``first_shard`` its journal records)."""
     if is_url(out):
         return None
     folder = local_path(out)
     journal = os.path.exists(os.path.join(folder, JOURNAL_NAME))
     complete = is_complete_output(out)
     if journal:
-        kept = _kept_words(_shards_in(folder, range(shards), compression), f" in {out}")
+        first = _journal_first_shard(folder)
+        shards_in = _shards_in(folder, range(first, first + shards), compression)
+        kept = _kept_words(shards_in, f" in {out}")
         again = CLI.again("resume", "overwrite" if overwrite else None)
         return f"interrupted; {kept}: {again} to finish the build"
+    if complete and append:  # complete before and after: which version, inspect tells
+        return (
+            f"interrupted as the append began or returned: {out} is complete at version "
+            f"{manifest_version(read_manifest_at(out))} (shardprep inspect {out} lists them)"
+        )
     if complete and not was_complete:
         return f"interrupted after the build finished: {out} is complete"
     if complete:
         return f"interrupted: {out} holds the complete output it held before"
     return f"interrupted before any shard was written: {CLI.again()}"
+
+
+def _journal_first_shard(folder: str) -> int:
+    """The first shard an interrupted append writes (its journal's record), else 0."""
+    try:
+        with open(os.path.join(folder, JOURNAL_NAME), encoding="utf-8") as f:
+            record = json.load(f)
+        first = record["append"]["first_shard"]
+    except (OSError, ValueError, KeyError, TypeError):  # a plain build's journal, or unreadable
+        return 0
+    return first if type(first) is int and first >= 0 else 0
 
 
 def _interrupted(

@@ -295,6 +295,7 @@ def build(raw: str, out: str, quiet: bool, as_json: bool, **options: Any) -> Non
                 bool(options["overwrite"]),
                 options["shards"],
                 options["compression"],
+                bool(options["append"]),
             ),
         )
     if summary.already_complete:  # --resume of a finished build: exit 0, as a pipeline wants

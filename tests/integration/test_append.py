@@ -18,6 +18,7 @@ import pytest
 
 import shardprep
 import shardprep.append
+from shardprep.builder import interrupted_around
 from shardprep.format.errors import InputError, ManifestError
 from shardprep.format.manifest import JOURNAL_NAME, read_manifest
 from shardprep.format.shardformat import decode_index
@@ -243,6 +244,10 @@ def test_kill_9_mid_append_then_resume(raws: tuple[Path, Path], tmp_path: Path) 
     )
     assert (out / "manifest.json").read_bytes() == version1  # readers still see version 1
     assert not (out / "shard-00005.tar").exists()
+    assert interrupted_around(str(out), True, False, 3, "none", append=True) == (
+        f"interrupted; the 1 finished shard(s) are kept in {out}: run the same command with "
+        "--resume to finish the build"
+    )
     with pytest.raises(
         InputError, match="a build or append into it is in progress, or was interrupted"
     ):
@@ -277,6 +282,7 @@ def test_killed_after_publishing_before_the_journal_went(
                 "options": read_manifest(str(out)).options,
                 "append": {
                     "base_version": 1,
+                    "first_shard": 4,
                     "base_manifest_sha256": read_manifest(str(out)).extra["versions"][0][
                         "manifest_sha256"
                     ],
