@@ -456,3 +456,20 @@ def test_append_from_an_iterable(tmp_path: Path) -> None:
         "out (nothing was written to OUT)"
     )
     assert tree(out) == before
+
+
+def test_overwrite_of_a_versioned_build_removes_its_versions(
+    raws: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--overwrite replaces every version: a later append must not find version files of the
+    build it replaced (it would record a stale version 1)."""
+    base, new = raws
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    build_then_append(base, new, out)
+    (out / "versions" / "notes.txt").write_text("not a build's file")
+    shardprep.build(str(new), str(out), shards=2, overwrite=True, progress=False)
+    assert sorted(os.listdir(out / "versions")) == ["notes.txt"]  # a file not ours stays
+    (out / "versions" / "notes.txt").unlink()
+    shardprep.build(str(new), str(reference), shards=2, progress=False)
+    assert tree(out) == tree(reference)
+    assert manifest_version(read_manifest(str(out))) == 1

@@ -202,3 +202,16 @@ def test_s3_append_whose_base_was_published_meanwhile(
         )  # fmt: skip
     assert version_file(2) in published and JOURNAL_NAME not in published
     assert _objects(fs, f"{bucket}/out") == published
+
+
+def test_s3_overwrite_of_a_versioned_build_removes_its_versions(
+    s3: S3Server, bucket: str, raws: tuple[Path, Path], tmp_path: Path
+) -> None:
+    url = f"s3://{bucket}/out"
+    _base_build(s3, raws[0], url)
+    options: dict[str, Any] = {"storage_options": s3.storage_options(), "progress": False}
+    shardprep.build(str(raws[1]), url, shards=3, append=True, **options)
+    shardprep.build(str(raws[1]), url, shards=2, overwrite=True, **options)
+    reference = tmp_path / "reference"
+    shardprep.build(str(raws[1]), str(reference), shards=2, progress=False)
+    assert _objects(_fs(s3), f"{bucket}/out") == _files(reference)
