@@ -42,6 +42,7 @@ from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_reco
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
 from shardprep.format.versions import appended_manifest, manifest_version
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
+from shardprep.out_spill import OutSpill
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
 from shardprep.scratch import OwnedFolder, sweep_stale
@@ -119,7 +120,11 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         destination.check_apart(raw)
         destination.check()  # a local OUT is locked from here on (shardprep.out_lock)
         _check_engine_for(destination, config)
-        _check_scratch_input(raw, InputFormat(config.input_format), config)
+        spill = _out_spill(out, config)  # Parquet on a Ray cluster: payloads go into OUT
+        if spill is not None:
+            if config.resume or config.overwrite:  # the earlier build is over: what it left
+                spill.clear_all()
+            engine_scope.callback(spill.clear)
         # --append: the version it builds on (OUT is locked: it stays the newest, locally)
         base = find_base(destination.read_out, out, config) if config.append else None
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
@@ -128,7 +133,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         scratch.append(work)
         with _scratch_errors(work):
             # → Inventory: one entry per sample, metadata only (on disk)
-            inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"))
+            inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"), spill)
             engine_scope.callback(inventory.close)
             if base is not None:  # the build's class indices stay; NEW's others come after
                 _join_classes(inventory, base, out, raw)
@@ -176,13 +181,16 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             destination.staging,
             config.compression,
             config.zstd_level,
-            config.raw_options(),
+            # the parts are read from RAW, or from OUT where the Parquet payloads went
+            config.out_options() if _spilled(spill, layout) else config.raw_options(),
             config.map,  # --map: a transform.SampleMap, run in the write tasks
             upload,
             destination.out_lock,  # held by every writer process too (shardprep.out_lock)
             first_shard=progress.first_shard,
         )
         records, reused = _write_all(engine, context, destination, config, progress)
+        if spill is not None:  # before the manifest: a complete OUT holds no spill
+            spill.clear()
         if base is None:
             manifest = manifest_from_records(
                 records,
@@ -337,19 +345,18 @@ def _check_engine_for(destination: Destination, config: BuildConfig) -> None:
         )
 
 
-def _check_scratch_input(raw: str, layout: InputFormat, config: BuildConfig) -> None:
-    """Parquet payloads are copied into this machine's scratch folder: Ray tasks on other
-    nodes cannot read them (checked before the engine opens when --format parquet is given,
-    after detection otherwise)."""
-    if layout is InputFormat.PARQUET and config.engine == "ray" and config.cluster_address():
-        interface = config.interface
-        raise InputError(
-            f"{raw}: {interface.setting('engine', 'ray')} on a cluster cannot build from "
-            "Parquet yet: its payloads are copied into this machine's scratch folder (TMPDIR), "
-            f"which the other nodes cannot read. Leave out {interface.option('ray_address')} / "
-            f"RAY_ADDRESS to run Ray on this machine, or use {interface.setting('engine', 'local')}",
-            raw,
-        )
+def _out_spill(out: str, config: BuildConfig) -> OutSpill | None:
+    """Where a Parquet input's payloads are copied when the write tasks run on a Ray
+    cluster, whose nodes cannot read this machine's scratch folder: OUT's own storage
+    (:mod:`shardprep.out_spill`); None elsewhere (the build's scratch folder)."""
+    if config.engine == "ray" and config.cluster_address():
+        return OutSpill.under(out, config.out_options(), config.interface)
+    return None
+
+
+def _spilled(spill: OutSpill | None, layout: InputFormat) -> bool:
+    """True if the inventory's parts are in OUT's storage (a Parquet input on a cluster)."""
+    return spill is not None and layout is InputFormat.PARQUET
 
 
 def _engine_options(config: BuildConfig) -> EngineOptions:
@@ -450,17 +457,17 @@ def _interrupted(
 
 
 def _scan(
-    raw: str, config: BuildConfig, engine: Engine, folder: str
+    raw: str, config: BuildConfig, engine: Engine, folder: str, spill: OutSpill | None = None
 ) -> tuple[InventoryStore, InputFormat]:
     """The inventory of ``raw`` and its layout (auto-detected unless --format gave one).
 
-    The inventory is an :class:`~shardprep.spill.InventoryStore`: column files in ``folder``.
+    The inventory is an :class:`~shardprep.spill.InventoryStore`: column files in ``folder``;
+    Parquet payloads are copied into ``folder`` too, or into ``spill`` (on a Ray cluster).
     """
     layout = InputFormat(config.input_format)
     detected = layout is InputFormat.AUTO
     if detected:
         layout = detect_format(raw, config.raw_options(), config.interface)
-    _check_scratch_input(raw, layout, config)
     # leave=True: the bar's last state (the real sample count) stays, and ends its line.
     os.makedirs(folder)
     stores: list[InventoryStore] = []
@@ -489,6 +496,7 @@ def _scan(
                 key_column=config.key_column,
                 scratch=folder,  # Parquet input: payloads are copied there (removed with it)
                 interface=config.interface,  # messages name --format or input_format=
+                spill_to=spill,
             )
     except BaseException:
         for store in stores:  # a failed scan leaves its column files open for writing

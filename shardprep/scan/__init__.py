@@ -21,6 +21,7 @@ from shardprep.format.interface import CLI, Interface
 from shardprep.format.shardformat import MANIFEST_NAME
 from shardprep.inventory import Inventory, InventoryBuilder, InventoryView, SinkFactory
 from shardprep.keys import KEY_BYTES_TABLE, split_name
+from shardprep.out_spill import OutSpill
 from shardprep.scan.class_folders import OrderedMap, scan_class_folders
 from shardprep.scan.keyed_files import first_files_have_labels, is_label_file, scan_keyed_files
 from shardprep.scan.listing import scan_listing
@@ -179,6 +180,7 @@ def scan(
     key_column: str | None = None,
     scratch: str | None = None,
     interface: Interface = CLI,
+    spill_to: OutSpill | None = None,
 ) -> InventoryView:
     """Scan ``raw`` into an Inventory, sorted and validated; ``tick(n)`` reports progress.
 
@@ -194,8 +196,9 @@ def scan(
     listed as a folder is walked (:mod:`shardprep.scan.prefix`); ``storage_options``
     are fsspec's, for such a URL or a listing that names URLs. Parquet input copies
     its payloads into a new sub-folder of ``scratch`` (the build's scratch folder; a
-    temporary folder the caller removes when None: the inventory's root), and takes its
-    key from ``key_column`` (:mod:`shardprep.scan.parquet`).
+    temporary folder the caller removes when None: the inventory's root; ``spill_to``: into
+    OUT's storage instead, for a build on a Ray cluster, :mod:`shardprep.out_spill`), and
+    takes its key from ``key_column`` (:mod:`shardprep.scan.parquet`).
     ``fmt=AUTO`` detects the layout; ``detected=True`` says the caller already
     did (``detect_format``). A detected layout is read strictly: what the
     detection cannot tell apart is refused with a message asking for
@@ -237,7 +240,16 @@ def scan(
         )
     elif fmt is InputFormat.PARQUET:
         inventory = scan_parquet(
-            raw, count, scratch, label_column, key_column, options, sink, detected, interface
+            raw,
+            count,
+            scratch,
+            label_column,
+            key_column,
+            options,
+            sink,
+            detected,
+            interface,
+            spill_to,
         )
     elif fmt is InputFormat.KEYED:
         inventory = scan_keyed_files(root, count, not detected, sink, options, interface)

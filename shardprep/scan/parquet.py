@@ -47,6 +47,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import posixpath
 import re
 import tempfile
 import urllib.parse
@@ -60,6 +61,7 @@ from shardprep.format.errors import InputError, OutputError, ShardprepError
 from shardprep.format.interface import CLI, Interface
 from shardprep.format.shardformat import MAX_EXTENSIONS, reserved_member
 from shardprep.inventory import UNLABELLED, InventoryBuilder, InventoryView, SinkFactory
+from shardprep.out_spill import OutSpill, spill_write_error
 from shardprep.scan.labels import MAX_CLASS_INDEX, LabelTable
 from shardprep.scan.media import MEDIA_COLUMNS, SNIFF_BYTES, describe_head, sniff
 from shardprep.scan.parquet_keys import default_key_column, stable_stems
@@ -384,12 +386,20 @@ def _check_ext(ext: str, where: str, column: str = "", row: int = -1) -> None:
 
 
 class _Spill:
-    """One Parquet file's payloads, appended to its spill file; every write checked."""
+    """One Parquet file's payloads, appended to its spill file; every write checked.
 
-    def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    ``target``: the spill is in OUT's storage (a build on a Ray cluster,
+    :mod:`shardprep.out_spill`), ``path`` a URL or a folder below it; else ``path`` is in
+    the build's scratch folder."""
+
+    def __init__(self, path: str, target: OutSpill | None = None) -> None:
         self.path = path
-        self._file: BinaryIO = open(path, "xb")  # noqa: SIM115 (closed by close)
+        self._target = target
+        if target is not None:
+            self._file: BinaryIO = target.open(path)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._file = open(path, "xb")  # noqa: SIM115 (closed by close)
         self.size = 0
 
     def write(self, data: memoryview) -> int:
@@ -397,8 +407,10 @@ class _Spill:
         at = self.size
         try:
             written = self._file.write(data)
-        except OSError as err:
-            raise _spill_error(self.path, err) from err
+        except Exception as err:  # an object store's errors are not all OSErrors
+            if self._target is None and not isinstance(err, OSError):
+                raise
+            raise self._error(err) from err
         if written != len(data):
             raise OutputError(
                 f"{self.path}: short write ({written} of {len(data)} bytes)", self.path
@@ -409,8 +421,16 @@ class _Spill:
     def close(self) -> None:
         try:
             self._file.close()
-        except OSError as err:
-            raise _spill_error(self.path, err) from err
+        except Exception as err:  # (an object is uploaded as it is closed)
+            if self._target is None and not isinstance(err, OSError):
+                raise
+            raise self._error(err) from err
+
+    def _error(self, err: Exception) -> OutputError:
+        if self._target is not None:
+            return spill_write_error(self.path, err, self._target.interface)
+        assert isinstance(err, OSError)
+        return _spill_error(self.path, err)
 
 
 def _spill_error(path: str, err: OSError) -> OutputError:
@@ -435,9 +455,14 @@ def scan_parquet(
     sink: SinkFactory = InventoryBuilder,
     strict: bool = False,
     interface: Interface = CLI,
+    spill_to: OutSpill | None = None,
 ) -> InventoryView:
     """Inventory of every row of the Parquet files at ``raw``, their payloads spilled
     (``interface``: how refusals name the options, ``--key-column`` or ``key_column=``).
+
+    ``spill_to`` (a build on a Ray cluster): the payloads go to ``OUT/.shardprep-spill/<id>``
+    instead of ``scratch`` (:mod:`shardprep.out_spill`; the caller removes it), so the
+    inventory's parts are URLs (or paths in OUT) every node reads.
 
     ``strict`` (a detected layout) refuses files other than Parquet and sidecars
     (:func:`list_parquet`). Hive partition folders are columns of their rows (module doc).
@@ -459,7 +484,10 @@ def scan_parquet(
     base = _base(raw, files)
     rels = [_rel(location, base) for location in files]
     stems = stable_stems([parquet_stem(rel) for rel in rels])  # keys without a key column
-    root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
+    if spill_to is not None:
+        root = spill_to.root
+    else:
+        root = tempfile.mkdtemp(prefix="parquet-", dir=scratch)
     labels = LabelTable(ParquetInputError)
     formats: dict[str, tuple[str, str, int]] = {}  # media column -> (ext, file, row) first seen
     builder: Any = None
@@ -481,7 +509,7 @@ def scan_parquet(
                     "have the same columns and the same partition folders (name=value)",
                     where,
                 )
-            spill = _Spill(_spill_path(root, rel, location))
+            spill = _Spill(_spill_path(root, rel, location), spill_to)
             try:
                 rows_of = _read(
                     parquet, columns, where, rel, labels, spill, formats, folders, interface, stem
@@ -526,10 +554,17 @@ def _spill_path(root: str, rel: str, location: str) -> str:
     """Where the payloads of the Parquet file at ``rel`` (relative to the input) are copied.
 
     An object store's key may hold ``..`` segments: a name that would lead out of ``root``
-    is refused, so the spill never writes outside the build's scratch folder.
+    is refused, so the spill never writes outside the build's scratch folder (or outside
+    ``OUT/.shardprep-spill``, a URL on a cluster).
     """
-    path = os.path.normpath(os.path.join(root, rel))
-    if not path.startswith(root.rstrip(os.sep) + os.sep):
+    if is_url(root):
+        name = posixpath.normpath(rel)
+        path = f"{root}/{name}"
+        outside = name in (".", "..") or name.startswith(("../", "/"))
+    else:
+        path = os.path.normpath(os.path.join(root, rel))
+        outside = not path.startswith(root.rstrip(os.sep) + os.sep)
+    if outside:
         raise ParquetInputError(
             f"{location}: its name leads out of the input folder ({rel!r}); rename the "
             "object (no '..' or '.' path segments) or leave it out of the input",

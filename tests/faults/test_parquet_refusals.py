@@ -112,15 +112,3 @@ def test_a_url_with_no_parquet_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"^memory://nothing-here: "):
         shardprep.build("memory://nothing-here", str(tmp_path / "out"), shards=2, progress=False)
     assert not (tmp_path / "out").exists()
-
-
-def test_parquet_on_a_ray_cluster_is_refused_before_the_engine_opens(tmp_path: Path) -> None:
-    """Its payloads go to this machine's scratch folder, which other nodes cannot read."""
-    raw = tmp_path / "raw.parquet"
-    pq.write_table(pa.table({"jpg": [b"a", b"b"], "label": ["x", "y"]}), raw)
-    out = tmp_path / "out"
-    with pytest.raises(InputError, match="cannot build from Parquet yet") as info:
-        shardprep.build(str(raw), str(out), shards=1, input_format="parquet", engine="ray",
-                        ray_address="127.0.0.1:9", progress=False)  # fmt: skip
-    assert info.value.path == str(raw)
-    assert not out.exists()
