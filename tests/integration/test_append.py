@@ -244,6 +244,11 @@ def test_kill_9_mid_append_then_resume(raws: tuple[Path, Path], tmp_path: Path) 
     )
     assert (out / "manifest.json").read_bytes() == version1  # readers still see version 1
     assert not (out / "shard-00005.tar").exists()
+    from loader import ShardDataset
+
+    reading = _keys(ShardDataset(str(out), rank=0, world_size=1))
+    assert len(reading) == 61 and all(int(k[-5:]) < 1000 for k in reading)
+    assert verify_output(str(out)).problems == []
     assert interrupted_around(str(out), True, False, 3, "none", append=True) == (
         f"interrupted; the 1 finished shard(s) are kept in {out}: run the same command with "
         "--resume to finish the build"
