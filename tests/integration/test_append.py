@@ -478,3 +478,39 @@ def test_overwrite_of_a_versioned_build_removes_its_versions(
     shardprep.build(str(new), str(reference), shards=2, progress=False)
     assert tree(out) == tree(reference)
     assert manifest_version(read_manifest(str(out))) == 1
+
+
+def test_disk_full_mid_append_then_resume(raws: tuple[Path, Path], tmp_path: Path) -> None:
+    """A full disk stops an append with one error counting the append's own finished shards;
+    OUT stays version 1 (readable); with room again, --resume finishes it byte-identical."""
+    from shardprep.format.errors import WriteError
+    from tests.filesystems import tmpfs
+
+    base, new = raws
+    reference = tmp_path / "reference"
+    build_then_append(base, new, reference, workers=1)
+    with tmpfs(tmp_path / "disk", "size=1m") as disk:
+        out = disk / "out"
+        shardprep.build(str(base), str(out), shards=4, workers=1, progress=False)
+        version1 = (out / "manifest.json").read_bytes()
+        first_new = (reference / "shard-00004.tar").stat().st_size
+        room = os.statvfs(disk)
+        filler = disk / "filler"
+        filler.write_bytes(b"\0" * (room.f_bavail * room.f_frsize - first_new - 12 * 1024))
+        with pytest.raises(WriteError) as caught:
+            shardprep.build(str(new), str(out), shards=3, append=True, workers=1, progress=False)
+        message = str(caught.value)
+        assert "no space left on the device" in message
+        kept = len([s for s in (4, 5, 6) if (out / f"shard-{s:05d}.tar").exists()])
+        assert kept == 1 and message.endswith(
+            "the 1 finished shard(s) are kept: fix the cause, then call shardprep.build again "
+            "with the same arguments and resume=True"
+        )
+        assert (out / "manifest.json").read_bytes() == version1
+        assert not (out / "versions").exists()
+        filler.unlink()
+        summary = shardprep.build(
+            str(new), str(out), shards=3, append=True, resume=True, workers=1, progress=False
+        )
+        assert (summary.version, summary.reused_shards) == (2, 1)
+        assert tree(out) == tree(reference)
