@@ -304,9 +304,18 @@ def _source_path(root: str, source: str) -> str:
 
 
 def check_new_keys(
-    inventory: InventoryView, selection: Selection, base: Manifest, read: Reader, out: str
+    inventory: InventoryView,
+    selection: Selection,
+    base: Manifest,
+    read: Reader,
+    out: str,
+    *,
+    raw: str | None = None,
+    advice: str | None = None,
 ) -> None:
-    """Refuse an append whose samples repeat a key of the build it appends to.
+    """Refuse an append whose samples repeat a key of the build it appends to. ``raw``: name
+    RAW rather than the sample's source (a Parquet row's source is the build's scratch copy);
+    ``advice``: what to do instead of renaming the sample.
 
     Raises:
         KeyInBuildError: naming the key, NEW's sample and the shard (and version) of OUT.
@@ -316,9 +325,9 @@ def check_new_keys(
     for key, source in written_keys(inventory, selection):
         shard = keys.get(key)
         if shard is not None:
-            path = _source_path(inventory.root, inventory.sample(source).source)
+            path = raw or _source_path(inventory.root, inventory.sample(source).source)
             held = (
                 f"{out.rstrip('/')}/{base.shards[shard].file} (version "
                 f"{version_of_shard(base, shard)} of the build)"
             )
-            raise KeyInBuildError(key, path, held)
+            raise KeyInBuildError(key, path, held, advice)

@@ -140,7 +140,10 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             # → Selection: which inventory samples are written, and how many copies
             selection = select_samples(inventory, config)
             if base is not None:  # keys are unique across every version: nothing written yet
-                check_new_keys(inventory, selection, base.manifest, destination.read_out, out)
+                naming = _key_naming(raw, layout, config)
+                check_new_keys(
+                    inventory, selection, base.manifest, destination.read_out, out, **naming
+                )
             # → Plan: per shard, the selected samples in write order (one file per shard)
             plan = plan_to_files(
                 inventory,
@@ -309,6 +312,22 @@ def _append_complete(
             destination.out,
         )
     return complete
+
+
+def _key_naming(raw: str, layout: InputFormat, config: BuildConfig) -> dict[str, str]:
+    """How an append's key refusal names a Parquet input (its rows' sources are the build's
+    scratch copy) and what it advises: keys unique across exports."""
+    if layout is not InputFormat.PARQUET:
+        return {}
+    key_column = config.interface.option("key_column")
+    return {
+        "raw": raw,
+        "advice": (
+            f"give the rows keys unique across every export ({key_column} naming a column "
+            "unique across them; without one a key is the file name without run ids and the "
+            "row number, the same in every export that names its files alike)"
+        ),
+    }
 
 
 def _join_classes(inventory: InventoryStore, base: AppendBase, out: str, raw: str) -> None:

@@ -83,17 +83,17 @@ class KeyInBuildError(InputError):
     """A sample of an append has a key the build it appends to holds already (``held``: the
     shard, and its version); keys are unique across every version of a build."""
 
-    def __init__(self, key: str, source: str, held: str) -> None:
+    def __init__(self, key: str, source: str, held: str, advice: str | None = None) -> None:
         super().__init__(
             f"{source}: its sample key {key!r} is already in {held}; keys are unique across "
-            "every version of a build: rename the sample or leave it out of the append. "
-            "Nothing was written",
+            f"every version of a build: {advice or 'rename the sample'} or leave it out of the "
+            "append. Nothing was written",
             path=source,
         )
-        self.key, self.source, self.held = key, source, held
+        self.key, self.source, self.held, self.advice = key, source, held, advice
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (KeyInBuildError, (self.key, self.source, self.held))
+        return (KeyInBuildError, (self.key, self.source, self.held, self.advice))
 
 
 class PlanError(ShardprepError):

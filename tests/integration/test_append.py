@@ -349,7 +349,7 @@ def test_concurrent_appends_never_both_publish(
     seen: list[subprocess.CompletedProcess[str]] = []
     check = shardprep.append.check_new_keys
 
-    def racing(*args: Any) -> None:
+    def racing(*args: Any, **kwargs: Any) -> None:
         seen.append(
             run_bounded(
                 [sys.executable, "-c", APPEND_CHILD, str(other), str(out)],
@@ -357,7 +357,7 @@ def test_concurrent_appends_never_both_publish(
                 cwd=ROOT,
             )
         )
-        check(*args)
+        check(*args, **kwargs)
 
     monkeypatch.setattr("shardprep.builder.check_new_keys", racing)
     summary = shardprep.build(str(new), str(out), shards=3, append=True, progress=False)
@@ -514,3 +514,49 @@ def test_disk_full_mid_append_then_resume(raws: tuple[Path, Path], tmp_path: Pat
         )
         assert (summary.version, summary.reused_shards) == (2, 1)
         assert tree(out) == tree(reference)
+
+
+def _spark_export(folder: Path, first_id: int, with_id: bool) -> Path:
+    """A Spark-shaped export of 10 rows: part-00000-<uuid>-c000.snappy.parquet (+ _SUCCESS)."""
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    columns: dict[str, Any] = {
+        "bin": [payload(i % 2, first_id + i) for i in range(10)],
+        "label": [i % 2 for i in range(10)],
+    }
+    if with_id:
+        columns["id"] = list(range(first_id, first_id + 10))
+    pq.write_table(pa.table(columns), folder / f"part-00000-{uuid.uuid4()}-c000.snappy.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+    return folder
+
+
+def test_parquet_exports_appended_day_by_day(tmp_path: Path) -> None:
+    """Spark names every day's file part-00000-...: without a key column day 2's rows get day
+    1's keys, and the append is refused naming RAW and what to do; with an id column unique
+    across days, day 2 appends."""
+    out = tmp_path / "out"
+    shardprep.build(str(_spark_export(tmp_path / "day1", 0, False)), str(out), shards=2,
+                    progress=False)  # fmt: skip
+    day2 = _spark_export(tmp_path / "day2", 10, False)
+    before = tree(out)
+    with pytest.raises(InputError) as caught:
+        shardprep.build(str(day2), str(out), shards=1, append=True, progress=False)
+    assert str(caught.value).startswith(f"{day2}: its sample key 'part-00000-c000_snappy-000000")
+    assert "key_column= naming a column unique across them" in str(caught.value)
+    assert tree(out) == before
+    keyed = tmp_path / "keyed"
+    shardprep.build(str(_spark_export(tmp_path / "k1", 0, True)), str(keyed), shards=2,
+                    progress=False)  # fmt: skip
+    summary = shardprep.build(
+        str(_spark_export(tmp_path / "k2", 10, True)), str(keyed), shards=1, append=True,
+        progress=False,
+    )  # fmt: skip
+    assert (summary.version, summary.num_samples) == (2, 10)
+    assert verify_output(str(keyed)).problems == []
+    keys = {k for s in range(3) for k in labels_by_key(keyed, s)}
+    assert len(keys) == 20

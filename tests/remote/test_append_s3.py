@@ -146,8 +146,8 @@ def test_s3_append_while_another_holds_the_journal(
         fs.invalidate_cache()
         return bool(fs.exists(f"{bucket}/out/shard-00004.tar"))
 
-    def racing(*args: Any) -> None:
-        check(*args)
+    def racing(*args: Any, **kwargs: Any) -> None:
+        check(*args, **kwargs)
         options = {"shards": 3, "append": True, "workers": 1}
         kill_stalled_build(raws[1], url, 8, options, stuck, tmp, s3.environment())
         held.update(_objects(fs, f"{bucket}/out"))
@@ -188,8 +188,8 @@ def test_s3_append_whose_base_was_published_meanwhile(
     published: dict[str, bytes] = {}
     check = shardprep.append.check_new_keys
 
-    def racing(*args: Any) -> None:
-        check(*args)
+    def racing(*args: Any, **kwargs: Any) -> None:
+        check(*args, **kwargs)
         result = _cli_append(s3, other, url)
         assert result.returncode == 0, result.stderr
         published.update(_objects(fs, f"{bucket}/out"))
