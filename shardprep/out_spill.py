@@ -67,6 +67,16 @@ class OutSpill:
             OutputError: it cannot be removed, naming it.
         """
         self._remove(self.root)
+        if not is_url(self.root):  # (a prefix with no object left is gone by itself)
+            try:
+                os.rmdir(self.top)
+            except OSError as err:  # another build's spill is there, or none was made
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise OutputError(
+                        f"{self.top}: cannot remove the empty folder of the build's copy of "
+                        f"the Parquet payloads ({err.strerror or err}); remove it yourself",
+                        self.top,
+                    ) from err
 
     def clear_all(self) -> None:
         """Remove every build's spill: what builds killed outright left in OUT.

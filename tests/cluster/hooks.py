@@ -5,7 +5,8 @@ shard's local write and its upload.
 worker, appends ``<shard> <node id> <pid> <staging folder>`` to ``FOLDER/ran`` once the shard is
 written on the node, then waits while ``FOLDER/hold-<shard>`` exists (at most
 ``HOLD_LIMIT_S``) before the upload; before the write, it appends the path of each part its
-samples are read from to ``FOLDER/read-<shard>``. ``python -m tests.cluster.hooks FOLDER build ...`` runs
+samples are read from to ``FOLDER/read-<shard>`` (the only hook of a build into a local
+OUT, whose tasks do not upload). ``python -m tests.cluster.hooks FOLDER build ...`` runs
 the CLI with every engine writing through it (run it from the repository root).
 """
 
@@ -66,9 +67,10 @@ class NodeWrite:
     folder: str
 
     def __call__(self, task: ShardTask, progress: Progress | None = None) -> ShardRecord:
-        assert task.upload is not None, "these hooks are for builds whose tasks upload"
         with open(os.path.join(self.folder, f"read-{task.index}"), "a", encoding="utf-8") as log:
             log.writelines(f"{p.path}\n" for s in task.samples() for p in s.parts)
+        if task.upload is None:  # a local OUT every node shares: only the reads are logged
+            return write_task(task, progress)
         held = _HeldUpload(
             task.upload.url,
             task.upload.storage_options,

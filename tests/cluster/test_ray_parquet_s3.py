@@ -118,3 +118,27 @@ def test_a_parquet_export_on_s3_builds_on_a_cluster_into_s3_like_a_local_build(
         result.stderr
     )
     assert _objects(s3, f"{bucket}/out3") == {}
+
+
+def test_a_local_out_every_node_shares_holds_the_copy_too(
+    s3: S3Server, bucket: str, nodes: Nodes, tmp_path: Path
+) -> None:
+    """A local OUT on a cluster is a folder every node shares (the tasks write their shards
+    there): the payloads are copied into it, not into the driver's TMPDIR."""
+    local_raw = tmp_path / "export"
+    write_parquet(local_raw, rows=ROWS, key=False)
+    reference = tmp_path / "local"
+    shardprep.build(str(local_raw), str(reference), shards=SHARDS, workers=1, progress=False)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    out = tmp_path / "out"
+    command = _command(s3, str(local_raw), str(out), nodes.cluster.address, hooks)
+    result = run_bounded(command, DEADLINE_S, cwd=ROOT, env=_driver_env(tmp_path / "driver"))
+    assert result.returncode == 0, result.stderr
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == {
+        p.name: p.read_bytes() for p in sorted(reference.iterdir())
+    }  # (.shardprep-spill removed: iterdir lists hidden names too)
+    reads = _reads(hooks)
+    assert len(reads) == len(ROWS) and all(
+        r.startswith(f"{out}/.shardprep-spill/") for r in reads
+    ), reads
