@@ -433,9 +433,13 @@ def interrupted_around(
         again = CLI.again("resume", "overwrite" if overwrite else None)
         return f"interrupted; {kept}: {again} to finish the build"
     if complete and append:  # complete before and after: which version, inspect tells
+        try:
+            at = f" at version {manifest_version(read_manifest_at(out))}"
+        except ManifestError:  # damaged meanwhile: verify says how
+            at = ""
         return (
-            f"interrupted as the append began or returned: {out} is complete at version "
-            f"{manifest_version(read_manifest_at(out))} (shardprep inspect {out} lists them)"
+            f"interrupted as the append began or returned: {out} is complete{at} (shardprep "
+            f"inspect {out} lists its versions)"
         )
     if complete and not was_complete:
         return f"interrupted after the build finished: {out} is complete"

@@ -560,3 +560,20 @@ def test_parquet_exports_appended_day_by_day(tmp_path: Path) -> None:
     assert verify_output(str(keyed)).problems == []
     keys = {k for s in range(3) for k in labels_by_key(keyed, s)}
     assert len(keys) == 20
+
+
+def test_ctrl_c_around_a_finished_append_says_the_version(
+    raws: tuple[Path, Path], tmp_path: Path
+) -> None:
+    base, new = raws
+    out = tmp_path / "out"
+    build_then_append(base, new, out)
+    assert interrupted_around(str(out), True, False, 3, "none", append=True) == (
+        f"interrupted as the append began or returned: {out} is complete at version 2 "
+        f"(shardprep inspect {out} lists its versions)"
+    )
+    (out / "manifest.json").write_text("{")
+    assert interrupted_around(str(out), True, False, 3, "none", append=True) == (
+        f"interrupted as the append began or returned: {out} is complete (shardprep inspect "
+        f"{out} lists its versions)"
+    )
