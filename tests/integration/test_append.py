@@ -577,3 +577,24 @@ def test_ctrl_c_around_a_finished_append_says_the_version(
         f"interrupted as the append began or returned: {out} is complete (shardprep inspect "
         f"{out} lists its versions)"
     )
+
+
+def test_cli_append(raws: tuple[Path, Path], tmp_path: Path) -> None:
+    from tests.faults.helpers import invoke
+
+    base, new = raws
+    out = tmp_path / "out"
+    assert invoke("build", str(base), str(out), "-n", "4", "-q").exit_code == 0
+    result = invoke("build", str(new), str(out), "-n", "3", "--append", "-j", "1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == f"wrote 3 shards to {out} (version 2: shards 4-6)"
+    result = invoke("build", str(new), str(out), "-n", "3", "--append", "--resume", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert (data["version"], data["first_shard"], data["num_samples"]) == (2, 4, 20)
+    assert data["already_complete"] is True
+    assert f"{out}: the append (version 2) is already complete; nothing to resume" in result.stderr
+    refused = invoke("build", str(new), str(out), "-n", "3", "--append", "--overwrite")
+    assert (
+        refused.exit_code == 2 and "--overwrite and --append exclude each other" in refused.stderr
+    )
