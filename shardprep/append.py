@@ -10,7 +10,8 @@ This module decides, before anything is written:
 - the classes (:func:`class_union`): the base's class indices never change; a class of NEW
   that the base lacks gets the next index;
 - the keys (:func:`check_new_keys`): no key of NEW may be a key of the base's shards (read
-  from their indexes, each checked against the sha256 the manifest records).
+  from their indexes, each checked against the sha256 the manifest records). NEW's keys are
+  held in memory (about 100 bytes each), the base's are streamed an index at a time.
 """
 
 from __future__ import annotations
@@ -242,34 +243,26 @@ def _integers(names: tuple[str, ...]) -> bool:
     return all(name == str(i) for i, name in enumerate(names))
 
 
-def base_keys(base: Manifest, read: Reader, out: str) -> dict[str, int]:
-    """Every key of ``base``'s shards → its shard number, from their indexes (each checked
-    against the size and sha256 the manifest records).
+def shard_keys(base: Manifest, shard: int, read: Reader, out: str) -> list[str]:
+    """The keys of shard ``shard`` of ``base``, from its index (checked against the size and
+    sha256 the manifest records).
 
     Raises:
-        ManifestError: an index is missing, damaged or not the manifest's (an append onto a
+        ManifestError: the index is missing, damaged or not the manifest's (an append onto a
             damaged build is refused: ``shardprep verify OUT`` tells what is wrong).
     """
-
-    def keys_of(shard: int) -> list[str]:
-        entry = base.shards[shard]
-        where = f"{out.rstrip('/')}/{entry.index_file}"
-        try:
-            data = read(entry.index_file, entry.index_bytes + 1)
-        except FileNotFoundError as err:
-            raise _damaged(where, out, "missing") from err
-        if len(data) != entry.index_bytes or hashlib.sha256(data).hexdigest() != entry.index_sha256:
-            raise _damaged(where, out, "not the index the manifest records (size or sha256)")
-        index = decode_index(data, where)
-        blob = bytes(index.key_blob)
-        ends = index.key_end.tolist()
-        return [blob[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-
-    keys: dict[str, int] = {}
-    with ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="shardprep-keys") as pool:
-        for shard, found in enumerate(pool.map(keys_of, range(len(base.shards)))):
-            keys.update(dict.fromkeys(found, shard))
-    return keys
+    entry = base.shards[shard]
+    where = f"{out.rstrip('/')}/{entry.index_file}"
+    try:
+        data = read(entry.index_file, entry.index_bytes + 1)
+    except FileNotFoundError as err:
+        raise _damaged(where, out, "missing") from err
+    if len(data) != entry.index_bytes or hashlib.sha256(data).hexdigest() != entry.index_sha256:
+        raise _damaged(where, out, "not the index the manifest records (size or sha256)")
+    index = decode_index(data, where)
+    blob = bytes(index.key_blob)
+    ends = index.key_end.tolist()
+    return [blob[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def _damaged(where: str, out: str, what: str) -> ManifestError:
@@ -319,15 +312,22 @@ def check_new_keys(
 
     Raises:
         KeyInBuildError: naming the key, NEW's sample and the shard (and version) of OUT.
-        ManifestError: a base index is damaged (:func:`base_keys`).
+        ManifestError: a base index is damaged (:func:`shard_keys`).
     """
-    keys = base_keys(base, read, out)
+    new: dict[str, int] = {}  # NEW's keys (their inventory index): O(NEW) in memory
     for key, source in written_keys(inventory, selection):
-        shard = keys.get(key)
-        if shard is not None:
-            path = raw or _source_path(inventory.root, inventory.sample(source).source)
+        new.setdefault(key, source)
+
+    def first_held(shard: int) -> str | None:  # one index in memory per thread at most
+        return next((k for k in shard_keys(base, shard, read, out) if k in new), None)
+
+    with ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="shardprep-keys") as pool:
+        for shard, found in enumerate(pool.map(first_held, range(len(base.shards)))):
+            if found is None:
+                continue
+            path = raw or _source_path(inventory.root, inventory.sample(new[found]).source)
             held = (
                 f"{out.rstrip('/')}/{base.shards[shard].file} (version "
                 f"{version_of_shard(base, shard)} of the build)"
             )
-            raise KeyInBuildError(key, path, held, advice)
+            raise KeyInBuildError(found, path, held, advice)
