@@ -109,7 +109,7 @@ def find_base(read: Reader, out: str, config: BuildConfig) -> AppendBase:
         ManifestError: a manifest of OUT is invalid, or not the one its successor records.
     """
     interface = config.interface
-    journal = _journal(read, out)
+    journal = _journal(read, out, config)
     try:
         data = read(MANIFEST_NAME, MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as err:
@@ -177,7 +177,7 @@ def find_base(read: Reader, out: str, config: BuildConfig) -> AppendBase:
     return AppendBase(newest, data, latest, newest)
 
 
-def _journal(read: Reader, out: str) -> dict[str, Any] | None:
+def _journal(read: Reader, out: str, config: BuildConfig) -> dict[str, Any] | None:
     try:
         data = read(JOURNAL_NAME, JOURNAL_LIMIT + 1)
     except FileNotFoundError:
@@ -188,7 +188,8 @@ def _journal(read: Reader, out: str) -> dict[str, Any] | None:
         record = None
     if not isinstance(record, dict):
         raise InputError(
-            f"{out}/{JOURNAL_NAME}: the build journal is unreadable; start over with --overwrite",
+            f"{out.rstrip('/')}/{JOURNAL_NAME}: the build journal is unreadable; start over with "
+            f"{config.interface.setting('overwrite')}",
             out,
         )
     return record

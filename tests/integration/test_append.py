@@ -598,3 +598,15 @@ def test_cli_append(raws: tuple[Path, Path], tmp_path: Path) -> None:
     assert (
         refused.exit_code == 2 and "--overwrite and --append exclude each other" in refused.stderr
     )
+
+
+def test_an_unreadable_journal_is_named(raws: tuple[Path, Path], tmp_path: Path) -> None:
+    base, new = raws
+    out = tmp_path / "out"
+    shardprep.build(str(base), str(out), shards=4, workers=1, progress=False)
+    (out / JOURNAL_NAME).write_bytes(b"\xff not json")
+    with pytest.raises(InputError) as caught:
+        shardprep.build(str(new), str(out), shards=3, append=True, resume=True, progress=False)
+    assert str(caught.value) == (
+        f"{out}/{JOURNAL_NAME}: the build journal is unreadable; start over with overwrite=True"
+    )
