@@ -215,3 +215,29 @@ def test_s3_overwrite_of_a_versioned_build_removes_its_versions(
     reference = tmp_path / "reference"
     shardprep.build(str(raws[1]), str(reference), shards=2, progress=False)
     assert _objects(_fs(s3), f"{bucket}/out") == _files(reference)
+
+
+def test_loader_reads_a_version_from_s3(
+    s3: S3Server, bucket: str, raws: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """ShardDataset(s3://..., version=1) reads the immutable versions/ object, sample for
+    sample what a plain local build of BASE gives; a changed version object is refused."""
+    from loader import ReadOptions, RemoteOptions, ShardDataset
+    from shardprep.format.errors import ManifestError
+
+    url = f"s3://{bucket}/out"
+    _base_build(s3, raws[0], url)
+    options: dict[str, Any] = {"storage_options": s3.storage_options(), "progress": False}
+    shardprep.build(str(raws[1]), url, shards=3, append=True, **options)
+    plain = tmp_path / "plain"
+    shardprep.build(str(raws[0]), str(plain), shards=4, workers=1, progress=False)
+    read = ReadOptions(remote=RemoteOptions(storage_options=s3.storage_options()))
+    one: dict[str, Any] = {"rank": 0, "world_size": 1, "seed": 5}
+    keys = [s["__key__"] for s in ShardDataset(str(plain), **one)]
+    assert [s["__key__"] for s in ShardDataset(url, version=1, read=read, **one)] == keys
+    assert len(list(ShardDataset(url, read=read, **one))) == 81
+    fs = _fs(s3)
+    path = f"{bucket}/out/{version_file(1)}"
+    fs.pipe_file(path, fs.cat_file(path).replace(b'"seed": 0', b'"seed": 7'))
+    with pytest.raises(ManifestError, match="not the manifest of version 1 that version 2"):
+        ShardDataset(url, version=1, read=read, **one)
