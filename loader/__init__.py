@@ -1,9 +1,11 @@
 """loader: stream shardprep shards into (distributed) training.
 
-``from loader import ShardDataset`` is the torch entry point; the stages are
-the modules ``order`` → ``partition`` → ``read`` → ``shuffle`` → ``decode``,
-composed in ``core.ShardStream``, which ``dataset.ShardDataset`` wraps as a
-torch ``IterableDataset``. Importing the package (and ``loader.core``) does
+``from loader import ShardDataset`` is the torch entry point. The stages are the
+sub-packages, lowest first: ``plan`` (what each rank and worker reads, pure), ``io``
+(where the bytes come from, and the one read engine: ``io.executor``, ``io.readahead``),
+``read`` (bytes to checked samples, decoded), composed in ``core.ShardStream`` (and
+``compose`` for mixtures), which ``torch.dataset.ShardDataset`` wraps as a torch
+``IterableDataset``. docs/architecture.md draws the map. Importing the package (and ``loader.core``) does
 not import torch: ``ShardDataset`` is imported on first access, and
 ``loader.core.ShardStream`` serves JAX, TensorFlow and NumPy users without
 torch installed. ``shardprep`` does not import the loader.

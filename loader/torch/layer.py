@@ -10,6 +10,7 @@ in shared memory (``loader.torch.epochs``); and it gives ``len()``, ``set_epoch`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -19,10 +20,10 @@ from typing import Any, Protocol
 import numpy.random  # noqa: F401
 import torch.utils.data
 
-from loader.errors import IncompatibleStateError
+from loader.errors import IncompatibleStateError, WorldMismatchError
 from loader.plan.elastic import Pass, epoch_batches
 from loader.plan.state import Position, ResumeState, next_position, parse_history, rank_state
-from loader.plan.world import World, resolve_rank, worker_info
+from loader.plan.world import World
 from loader.torch.batch import POSITION
 from loader.torch.epochs import ResumePoint, SharedProgress
 from loader.torch.guards import check_not_rebatched, check_not_resplit
@@ -92,7 +93,7 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
 
     @property
     def rank(self) -> int:
-        """This process's rank, resolved now (see ``loader.plan.world.resolve_rank``)."""
+        """This process's rank, resolved now (see ``resolve_rank`` below)."""
         return self._world()[0]
 
     @property
@@ -355,3 +356,50 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         # code (a wrapper's __iter__, a worker_init_fn): it is tied to its trainer from then
         # on, not only once it iterates (loader.torch.lifeline)
         tie_unpickled(self)
+
+
+def worker_info() -> tuple[int, int] | None:
+    """(worker id, number of workers) of this DataLoader worker; None in the main process."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else (info.id, info.num_workers)
+
+
+def resolve_rank(
+    rank: int | None, world_size: int | None, inherited: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """(rank, world_size) now: explicit values, else torch.distributed, else the parent's, else (0, 1).
+
+    Read when it is needed (when an epoch starts, or ``len()`` is asked), never when the
+    dataset is built: a dataset made before ``init_process_group`` (in a LightningModule's
+    ``__init__``, say) still splits by the rank it ends up running on.
+
+    ``inherited`` is what the main process had resolved when it handed the
+    dataset to a spawned DataLoader worker (which has no process group).
+
+    Raises:
+        WorldMismatchError: only one of rank/world_size given, or the process
+            was launched as one of several ranks (``WORLD_SIZE`` > 1) but
+            ``torch.distributed`` is not initialized yet: guessing rank 0
+            would give every rank the same data.
+    """
+    if (rank is None) != (world_size is None):
+        raise WorldMismatchError("pass both rank and world_size, or neither")
+    if rank is not None and world_size is not None:
+        World(rank, world_size)  # validates
+        return rank, world_size
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if inherited is not None:
+        return inherited
+    launched = os.environ.get("WORLD_SIZE", "1")
+    if launched.isdigit() and int(launched) > 1:
+        raise WorldMismatchError(
+            f"this process was launched as one of WORLD_SIZE={launched} ranks, but "
+            "torch.distributed is not initialized yet, so its rank is unknown: iterate (or ask "
+            "len()) after init_process_group, or pass rank= and world_size= explicitly"
+        )
+    return 0, 1

@@ -17,10 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from loader.plan.world import worker_info
 from loader.torch.arena import RINGS, Arena
 from loader.torch.assemble import Recycler, assemble_batches
 from loader.torch.batch import Batch, collate_samples
+from loader.torch.layer import worker_info
 
 __all__ = ["TorchOutput"]
 
