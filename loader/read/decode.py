@@ -17,6 +17,7 @@ __all__ = ["Decoder", "default_decoders", "make_decoder"]
 
 UNSAFE_EXTS = frozenset({"pickle", "pkl", "pyd", "pth", "pt"})
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "gif", "tif", "tiff", "webp", "ppm", "pgm"})
+AUDIO_EXTS = frozenset({"wav", "flac", "ogg", "mp3", "opus"})
 
 Decoder = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -48,6 +49,22 @@ def _image(data: bytes) -> Any:
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
+def _audio(data: bytes) -> tuple[Any, int]:
+    """(waveform, sample rate): a float32 array of shape (channels, frames) in [-1, 1], as
+    ``torchaudio.load`` gives it, read with soundfile (libsndfile: WAV, FLAC, Ogg, MP3)."""
+    try:
+        import soundfile
+    except ImportError as err:
+        raise ImportError(
+            "decoding audio needs soundfile: pip install 'shardprep[audio]' (or pass "
+            "decode={ext: fn} for these members)"
+        ) from err
+    import numpy as np
+
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return np.ascontiguousarray(samples.T), int(rate)
+
+
 def _pickle(data: bytes) -> Any:
     import pickle
 
@@ -63,9 +80,10 @@ def _torch(data: bytes) -> Any:
 def default_decoders(
     image: Callable[[Any], Any] | None = None,
 ) -> dict[str, Callable[[bytes], Any]]:
-    """Built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→uint8 CHW.
+    """Built-in decoders: ``cls``→int, ``txt``→str, ``json``→object, ``npy``→array, images→uint8 CHW,
+    audio→(float32 (channels, frames), sample rate).
 
-    Images are NumPy arrays, or ``image(array)`` when given (the torch layer
+    Images and waveforms are NumPy arrays, or ``image(array)`` when given (the torch layer
     makes tensors of them: ``loader.read.output.Output.image``).
     """
     decoders: dict[str, Callable[[bytes], Any]] = {
@@ -79,6 +97,15 @@ def default_decoders(
         decoders.update(dict.fromkeys(IMAGE_EXTS, _image))
     else:
         decoders.update(dict.fromkeys(IMAGE_EXTS, lambda b: image(_image(b))))
+    if image is None:
+        decoders.update(dict.fromkeys(AUDIO_EXTS, _audio))
+    else:
+
+        def audio(data: bytes) -> tuple[Any, int]:
+            waveform, rate = _audio(data)
+            return image(waveform), rate
+
+        decoders.update(dict.fromkeys(AUDIO_EXTS, audio))
     return decoders
 
 
