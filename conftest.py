@@ -14,6 +14,7 @@ is ``# NAME.py`` is also saved as that file in the page's folder, as the page te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -100,7 +101,8 @@ def doc_page(
     """The page's own folder (current directory, first on sys.path) and the names it needs."""
     import fsspec.config
 
-    from tests.docs_fixtures import PAGES
+    from tests.docs_fixtures import FORKSERVER_PRELOAD, PAGES
+    from tests.processes import preloaded_forkserver
 
     page = Path(request.path).relative_to(ROOT).as_posix()
     folder = tmp_path_factory.mktemp(page.replace("/", "-").replace(".", "-"))
@@ -111,7 +113,10 @@ def doc_page(
     os.chdir(folder)
     sys.path.insert(0, str(folder))
     try:
-        yield setup(folder, doc_data) if setup else {}
+        with contextlib.ExitStack() as stack:
+            if page in FORKSERVER_PRELOAD:  # as in the page's own process (docs_fixtures.py)
+                stack.enter_context(preloaded_forkserver(FORKSERVER_PRELOAD[page]))
+            yield setup(folder, doc_data) if setup else {}
     finally:
         os.chdir(before)
         sys.path.remove(str(folder))

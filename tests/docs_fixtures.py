@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import io
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,9 +145,6 @@ def integrations(folder: Path, data: DocData) -> dict[str, Any]:
     from loader import ShardDataset
 
     link(folder, "OUT", data.png_out)
-    # what the torchrun block's main() does first (its forkserver workers start without
-    # importing torch again); it takes effect if this process has not started its forkserver yet
-    multiprocessing.set_forkserver_preload(["loader.torch.dataset"])
     # the StatefulDataLoader block continues the torchrun block, whose `ds` lives in main()
     return {"ds": ShardDataset("OUT", batch_size=64), **training_parts()}
 
@@ -198,6 +194,11 @@ def pipelines(folder: Path, data: DocData) -> dict[str, Any]:
 
 #: page (relative to the repository root) → its setup: fills the page's folder, returns the
 #: names its blocks use without defining them. A page not listed runs in an empty folder.
+# A page's fork server preloads these (tests.processes.preloaded_forkserver), as its blocks'
+# process would: docs/integrations.md's torchrun main() calls set_forkserver_preload first, and
+# its forkserver workers then start without importing torch again.
+FORKSERVER_PRELOAD: dict[str, list[str]] = {"docs/integrations.md": ["loader.torch.dataset"]}
+
 PAGES: dict[str, Callable[[Path, DocData], dict[str, Any]]] = {
     "README.md": readme,
     "docs/class-weights.md": class_weights,

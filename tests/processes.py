@@ -10,6 +10,8 @@ that session is SIGKILLed before this returns.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -19,7 +21,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["kill_session", "run_bounded", "session_processes", "wait_until_gone"]
+__all__ = [
+    "kill_session",
+    "preloaded_forkserver",
+    "run_bounded",
+    "session_processes",
+    "wait_until_gone",
+]
 
 
 def run_bounded(
@@ -135,3 +143,28 @@ def kill_session(sid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
         assert time.monotonic() < deadline, f"processes {left} survive SIGKILL"
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def preloaded_forkserver(modules: Sequence[str]) -> Iterator[None]:
+    """Inside, ``"forkserver"`` workers of this process fork from a server that imported ``modules``.
+
+    As in a fresh process that called ``multiprocessing.set_forkserver_preload(modules)``
+    before its first DataLoader. In a pytest process that call alone does nothing when an earlier
+    test already started the (one, process-wide) fork server without it: every worker then
+    imports torch again when it unpickles a ShardDataset, about 3 s each on 2 busy cores (10
+    epochs x 4 workers of docs/integrations.md's StatefulDataLoader block: 30 s instead of 5).
+    So the running server is stopped first; on exit the one started inside is stopped and the
+    preload list restored, and the next user starts a server as before. Workers already started
+    keep running (a fork server does not own its children). ``ForkServer._stop`` is CPython's
+    own hook for its tests; the server exits as soon as its alive pipe closes.
+    """
+    server: Any = multiprocessing.forkserver._forkserver  # the process-wide one (private API)
+    before = list(server._preload_modules)
+    server._stop()
+    multiprocessing.set_forkserver_preload(list(modules))
+    try:
+        yield
+    finally:
+        server._stop()
+        multiprocessing.set_forkserver_preload(before)
