@@ -20,6 +20,7 @@ import torch.utils.data
 import shardprep
 from loader import ShardDataset
 from tests.distributed.harness import run_ranks
+from tests.processes import preloaded_forkserver
 
 pytestmark = pytest.mark.distributed
 
@@ -101,11 +102,13 @@ def test_reweighted_epochs_under_ddp(
     assert len(weights) == 87 - (87 % world_size if uneven == "drop" else 0)
     expected = {0: (1 / 3) / (60 / 87), 1: (1 / 3) / (20 / 87), 2: (1 / 3) / (7 / 87)}
     assert all(w == pytest.approx(expected[cls], rel=1e-12) for cls, w in weights.values())
-    # Determinism: one process simulating each rank streams exactly what the rank did.
-    for rank, r in enumerate(results):
-        ds = ShardDataset(str(out), uneven=uneven, rank=rank, world_size=world_size, **OPTIONS)
-        ds.set_epoch(1)
-        assert [_json(b) for b in _loader(ds, _pairs)] == r["epoch1"]
+    # Determinism: one process simulating each rank streams exactly what the rank did (its
+    # workers start as the ranks' do, from a fork server that imported the loader: rank_main.py)
+    with preloaded_forkserver(["loader.torch.dataset"]):
+        for rank, r in enumerate(results):
+            ds = ShardDataset(str(out), uneven=uneven, rank=rank, world_size=world_size, **OPTIONS)
+            ds.set_epoch(1)
+            assert [_json(b) for b in _loader(ds, _pairs)] == r["epoch1"]
 
 
 def _json(batch: list[list[Any]]) -> list[list[Any]]:
