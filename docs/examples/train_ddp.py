@@ -21,6 +21,7 @@ run trains nothing more). A checkpoint of another build is refused.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 from typing import Any
@@ -79,6 +80,10 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="save here, and resume from here if it exists")
     parser.add_argument("--save-every", type=int, default=5, help="checkpoint every N steps")
     args = parser.parse_args()
+    # The forkserver workers below fork from a server that imported torch and the loader once,
+    # instead of each importing them again (docs/integrations.md, "Workers inside
+    # torch.distributed processes").
+    multiprocessing.set_forkserver_preload(["loader.torch.dataset"])
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
