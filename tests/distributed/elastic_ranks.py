@@ -93,3 +93,11 @@ def stateful_pass(
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
     assert int(steps.item()) == len(result["batches"]), "ranks took different numbers of steps"
     return result
+
+
+def stateful_passes(
+    rank: int, world_size: int, out: str, passes: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``stateful_pass`` once per keyword set of ``passes``, in turn on the same ranks (each with
+    its own dataset and loader): one start of the ranks serves several resumes at one world."""
+    return [stateful_pass(rank, world_size, out, **options) for options in passes]

@@ -9,7 +9,7 @@ import pytest
 
 from loader.core import ShardStream
 from loader.plan.elastic import pass_share
-from tests.distributed.elastic_ranks import OPTIONS, elastic_pass, stateful_pass
+from tests.distributed.elastic_ranks import OPTIONS, elastic_pass, stateful_pass, stateful_passes
 from tests.distributed.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -71,18 +71,20 @@ def test_statefuldataloader_states_resume_at_other_worlds_on_real_ranks(
     assert len(before) == 4 * stop * OPTIONS["batch_size"] and len(set(before)) == len(before)
     assigned = total - total % 4  # uneven="drop"
     rest = assigned - len(before)
-    for world, workers, how in ((3, 1, "resume"), (2, 0, "resume"), (3, 2, "load")):
-        folder = tmp_path / f"new-{world}x{workers}-{how}"
+    state = first[0]["state"]
+    worlds = {3: [(1, "resume"), (2, "load")], 2: [(0, "resume")]}  # one start per world
+    for world, resumes in worlds.items():
+        folder = tmp_path / f"new-{world}"
         folder.mkdir()
-        second = run_ranks(
-            stateful_pass, world, folder, out=out, workers=workers, state=first[0]["state"],
-            how=how,
-        )  # fmt: skip
-        after = [k for r in second for b in r["batches"] for k in b]
-        share = pass_share(rest, world, "drop")
-        assert [sum(map(len, r["batches"])) for r in second] == [share] * world
-        real = Counter(before + after)
-        assert max(real.values()) == 1, f"a sample was streamed twice ({world} x {workers})"
-        assert len(real) == assigned - (rest - share * world)
-        for r in second:  # the batches arrive in their order, whatever the new num_workers
-            assert r["positions"] == list(range(len(r["positions"])))
+        passes = [{"workers": workers, "state": state, "how": how} for workers, how in resumes]
+        results = run_ranks(stateful_passes, world, folder, out=out, passes=passes)
+        for number, (workers, _) in enumerate(resumes):
+            second = [r[number] for r in results]
+            after = [k for r in second for b in r["batches"] for k in b]
+            share = pass_share(rest, world, "drop")
+            assert [sum(map(len, r["batches"])) for r in second] == [share] * world
+            real = Counter(before + after)
+            assert max(real.values()) == 1, f"a sample was streamed twice ({world} x {workers})"
+            assert len(real) == assigned - (rest - share * world)
+            for r in second:  # the batches arrive in their order, whatever the new num_workers
+                assert r["positions"] == list(range(len(r["positions"])))
