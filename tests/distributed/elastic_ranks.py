@@ -101,3 +101,11 @@ def stateful_passes(
     """``stateful_pass`` once per keyword set of ``passes``, in turn on the same ranks (each with
     its own dataset and loader): one start of the ranks serves several resumes at one world."""
     return [stateful_pass(rank, world_size, out, **options) for options in passes]
+
+
+def elastic_passes(
+    rank: int, world_size: int, out: str, passes: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``elastic_pass`` once per keyword set of ``passes``, in turn on the same ranks (each with
+    its own dataset and loader): one start of the ranks serves several cases at one world."""
+    return [elastic_pass(rank, world_size, out, **options) for options in passes]

@@ -4,58 +4,90 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
 from loader.core import ShardStream
 from loader.plan.elastic import pass_share
-from tests.distributed.elastic_ranks import OPTIONS, elastic_pass, stateful_pass, stateful_passes
+from tests.distributed.elastic_ranks import (
+    OPTIONS,
+    elastic_passes,
+    stateful_pass,
+    stateful_passes,
+)
 from tests.distributed.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "uneven", "stop"),
-    [((4, 2), (3, 1), "pad", 2), ((2, 0), (4, 2), "drop", 3)],
-)
-def test_elastic_resume_on_real_ranks(
-    built: Path, tmp_path: Path, old: tuple[int, int], new: tuple[int, int], uneven: str, stop: int
-) -> None:
-    total, out = 103, str(built)
-    (tmp_path / "old").mkdir()
-    (tmp_path / "new").mkdir()
-    first = run_ranks(
-        elastic_pass, old[0], tmp_path / "old", out=out, uneven=uneven, workers=old[1], stop=stop
+class Case(NamedTuple):
+    """Stopped after ``stop`` batches of epoch 0 at ``old`` (ranks, workers), resumed at ``new``."""
+
+    old: tuple[int, int]
+    new: tuple[int, int]
+    uneven: str
+    stop: int
+
+
+SHRINK = Case((4, 2), (3, 1), "pad", 2)
+GROW = Case((2, 0), (4, 2), "drop", 3)
+
+
+def test_elastic_resume_on_real_ranks(built: Path, tmp_path: Path) -> None:
+    """Both cases, on three starts of the ranks instead of four: GROW's 2 ranks stop; SHRINK's
+    4 ranks stop and GROW's resume at 4 ranks on the same start; SHRINK's 3 ranks resume."""
+    out = str(built)
+    for name in ("2", "4", "3"):
+        (tmp_path / name).mkdir()
+
+    def stop(case: Case) -> dict[str, Any]:
+        return {"uneven": case.uneven, "workers": case.old[1], "stop": case.stop}
+
+    def resume(case: Case, first: list[Any]) -> dict[str, Any]:
+        states = [r["state"] for r in first]
+        assert all(s == states[0] for s in states) and states[0]["batches"] == case.stop
+        return {"uneven": case.uneven, "workers": case.new[1], "state": states[0]}
+
+    grow_first = [r[0] for r in run_ranks(elastic_passes, 2, tmp_path / "2", out=out,
+                                          passes=[stop(GROW)])]  # fmt: skip
+    # one start at 4 ranks: SHRINK's interrupted pass, then GROW's resumed one
+    at4 = run_ranks(
+        elastic_passes, 4, tmp_path / "4", out=out, passes=[stop(SHRINK), resume(GROW, grow_first)]
     )
-    states = [r["state"] for r in first]
-    assert all(s == states[0] for s in states) and states[0]["batches"] == stop
-    second = run_ranks(
-        elastic_pass, new[0], tmp_path / "new", out=out, uneven=uneven, workers=new[1],
-        state=states[0],
-    )  # fmt: skip
+    shrink_first, grow_second = [r[0] for r in at4], [r[1] for r in at4]
+    shrink_second = [r[0] for r in run_ranks(elastic_passes, 3, tmp_path / "3", out=out,
+                                             passes=[resume(SHRINK, shrink_first)])]  # fmt: skip
+    _check_resumed(out, SHRINK, shrink_first, shrink_second)
+    _check_resumed(out, GROW, grow_first, grow_second)
+
+
+def _check_resumed(out: str, case: Case, first: list[Any], second: list[Any]) -> None:
+    """Epoch 0 at ``case.old`` until the stop, then at ``case.new``: every sample once but the
+    documented drops, equal steps; then the new world's normal epoch 1."""
+    total, (old, _), (new, new_workers) = 103, case.old, case.new
     steps = {len(r["batches"]) for r in second}
-    assert len(steps) == 1, f"unequal steps after the resume: {steps}"
+    assert len(steps) == 1, f"{case}: unequal steps after the resume: {steps}"
     before = [k for r in first for b in r["batches"] for k, padded in b if not padded]
     after = [k for r in second for b in r["batches"] for k, padded in b if not padded]
     real = Counter(before + after)
-    assert max(real.values()) == 1, "a sample was streamed twice in the epoch"
-    assigned = min(total, pass_share(total, old[0], uneven) * old[0])
+    assert max(real.values()) == 1, f"{case}: a sample was streamed twice in the epoch"
+    assigned = min(total, pass_share(total, old, case.uneven) * old)
     rest = assigned - len(before)
-    share = pass_share(rest, new[0], uneven)
-    assert [sum(map(len, r["batches"])) for r in second] == [share] * new[0]
-    assert len(real) == total - (total - assigned) - (rest - min(rest, share * new[0]))
+    share = pass_share(rest, new, case.uneven)
+    assert [sum(map(len, r["batches"])) for r in second] == [share] * new, case
+    assert len(real) == total - (total - assigned) - (rest - min(rest, share * new)), case
     # Epoch 1 is the new world's normal epoch 1 (computed here without torch's DataLoader).
-    stream = ShardStream(out, uneven=uneven, **OPTIONS)
-    slots = max(1, new[1])
+    stream = ShardStream(out, uneven=case.uneven, **OPTIONS)
+    slots = max(1, new_workers)
     for rank, r in enumerate(second):
         per_slot = [
-            [b["__key__"].tolist() for b in stream.iterate(1, rank=rank, world_size=new[0],
+            [b["__key__"].tolist() for b in stream.iterate(1, rank=rank, world_size=new,
                                                             worker=w, num_workers=slots)]
             for w in range(slots)
         ]  # fmt: skip
         expected = [per_slot[i % slots][i // slots] for i in range(sum(map(len, per_slot)))]
-        assert r["next"] == expected
+        assert r["next"] == expected, case
 
 
 def test_statefuldataloader_states_resume_at_other_worlds_on_real_ranks(
