@@ -77,7 +77,9 @@ def dataloader_iterator(loader: Any) -> Iterator[Any]:
     An error raised by ``iter(loader)`` itself (torchdata's StatefulDataLoader starts its
     workers there) leaves the half-made iterator in the traceback's frames: freed only at a
     later gc, whose finalizers may close its queues first, when torch waits 5 s per worker.
-    Clearing those frames frees it (and stops its workers) at once.
+    Clearing those frames frees it (and stops its workers) at once. A pass left before its end
+    (or refused at a batch) is likewise stopped on exit, not by a later gc's 5 s per worker;
+    one iterated to its end has stopped its workers itself.
     """
     try:
         iterator = iter(loader)
@@ -87,11 +89,12 @@ def dataloader_iterator(loader: Any) -> Iterator[Any]:
     try:
         yield iterator
     finally:
-        for queue in getattr(iterator, "_index_queues", ()):
-            queue.put(None)
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if not getattr(iterator, "_shutdown", False):  # a pass iterated to its end stopped them
+            for queue in getattr(iterator, "_index_queues", ()):
+                queue.put(None)
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
 
 def session_processes(sid: int, zombies: bool = True) -> list[int]:

@@ -30,6 +30,7 @@ from tests.integrations.lightning_recorder import (
     NUM_WORKERS,
     STOP_AT_STEP,
 )
+from tests.processes import dataloader_iterator
 
 pytestmark = pytest.mark.distributed
 
@@ -315,7 +316,8 @@ def _rank0_keys(ds: ShardDataset, loader_state: dict[str, Any] | None) -> Steps:
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=NUM_WORKERS)
     if loader_state is not None:
         loader.load_state_dict(loader_state)
-    return [list(b["__key__"]) for b in loader]
+    with dataloader_iterator(loader) as batches:  # its workers stopped even on a refusal
+        return [list(b["__key__"]) for b in batches]
 
 
 @pytest.mark.parametrize("new", [2, 3])
@@ -332,11 +334,10 @@ def test_the_position_given_to_resume_wins_over_a_loaded_loader_state(
     old = ShardDataset(str(odd_build), rank=0, world_size=2, **DATASET_OPTIONS)
     old.set_epoch(1)
     loader = StatefulDataLoader(old, batch_size=None, num_workers=NUM_WORKERS)
-    stream = iter(loader)
-    trained = [next(stream) for _ in range(DONE)]
-    next(stream)  # fetched ahead, never trained
-    ahead = loader.state_dict()
-    del stream
+    with dataloader_iterator(loader) as stream:  # its workers stopped when left mid-epoch
+        trained = [next(stream) for _ in range(DONE)]
+        next(stream)  # fetched ahead, never trained
+        ahead = loader.state_dict()
     state = old.state_after(trained[-1])
 
     def fresh() -> ShardDataset:
