@@ -15,6 +15,7 @@ import torch.utils.data
 
 from loader import IncompatibleStateError, ShardDataset
 from loader.plan.elastic import pass_share
+from tests.processes import dataloader_iterator
 
 OPTIONS: dict[str, Any] = {"batch_size": 4, "shuffle_buffer": 8, "block_size": 8}
 
@@ -123,12 +124,12 @@ def _torchdata_interrupted(out: Path, world: int, workers: int, stop: int) -> tu
     for rank in range(world):
         ds = ShardDataset(str(out), rank=rank, world_size=world, **OPTIONS)
         loader = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
-        for step, batch in enumerate(loader):
-            seen += [str(k) for k in batch["__key__"]]
-            if step + 1 == stop:
-                states.append(loader.state_dict())
-                break
-        del loader
+        with dataloader_iterator(loader) as batches:  # its workers stopped when left mid-epoch
+            for step, batch in enumerate(batches):
+                seen += [str(k) for k in batch["__key__"]]
+                if step + 1 == stop:
+                    states.append(loader.state_dict())
+                    break
     return seen, states
 
 
@@ -222,9 +223,11 @@ def test_a_torchdata_state_of_another_epoch_length_needs_resume_too(built: Path,
     normal = len(loader)
     loader.load_state_dict(states[0])
     refusal = rf"saved at 2 ranks after 5 batches.*where a normal epoch takes {normal}"
-    with pytest.raises(IncompatibleStateError, match=refusal) as error:
-        next(iter(loader))
-    error.value.__traceback__ = None  # frees the failed iterator's workers now
+    with (
+        pytest.raises(IncompatibleStateError, match=refusal),
+        dataloader_iterator(loader) as batches,
+    ):
+        next(batches)  # the failed iterator's workers are stopped on leaving, not at a later gc
     ds = ShardDataset(str(built), rank=0, world_size=new, **OPTIONS)
     ds.resume(states[0])  # the recipe: before len() is asked
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
