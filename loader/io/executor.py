@@ -31,6 +31,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -39,13 +40,14 @@ __all__ = ["Executor", "Job"]
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current job
+POLL_S = 1.0  # an idle thread looks at the closed event this often
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
 
 
 class Job:
     """One unit of work: run once, by a thread or by the caller (never both)."""
 
-    __slots__ = ("done", "error", "fn", "lock", "state", "value")
+    __slots__ = ("done", "error", "fn", "lock", "runner", "state", "value")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn: Callable[[], Any] | None = fn
@@ -54,6 +56,7 @@ class Job:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.lock = threading.Lock()
+        self.runner = ""  # the name of the thread that ran it
 
     def claim(self, state: int = TAKEN) -> bool:
         """Move a queued job to ``state`` (``TAKEN`` to run it, ``WITHDRAWN`` to drop it);
@@ -68,6 +71,7 @@ class Job:
 
     def run(self) -> None:
         fn, self.fn = self.fn, None
+        self.runner = threading.current_thread().name
         try:
             if fn is not None:
                 self.value = fn()
@@ -84,12 +88,16 @@ class Executor:
         if threads < 0:
             raise ValueError(f"threads must be >= 0, not {threads}")
         self.size, self.name = threads, name
-        self._queue: queue.PriorityQueue[tuple[int, int, Job | None]] = queue.PriorityQueue()
+        self._queue: Jobs = queue.PriorityQueue()
         self._sequence = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._pid = -1  # the process the threads run in
-        self._closed = False
+        # set first thing by close() (one store: an interrupt cannot split it), and by the
+        # collector if the executor is dropped unclosed; the threads see it within POLL_S
+        # even if no sentinel reaches them (an interrupt inside close)
+        self._closed = threading.Event()
+        self._stop: weakref.finalize[Any, Executor] | None = None
         # (still there when a generator is closed at interpreter exit, after the modules'
         # globals are gone: the daemon threads then end with the process)
         self._finalizing = sys.is_finalizing
@@ -100,7 +108,7 @@ class Executor:
     def submit(self, fn: Callable[[], Any], priority: int = 1) -> Job:
         """Queue ``fn`` (lower ``priority`` first); a thread runs it unless the caller asks
         for its result first."""
-        if self._closed:
+        if self._closed.is_set():
             raise RuntimeError(f"{self.name}: the executor is closed")
         job = Job(fn)
         if self.size:
@@ -110,16 +118,19 @@ class Executor:
                 self._queue.put((priority, self._sequence, job))
         return job
 
-    def result(self, job: Job, timeout: float, hung: Callable[[], BaseException]) -> Any:
+    def result(
+        self, job: Job, timeout: float, hung: Callable[[], BaseException], what: str = "a job"
+    ) -> Any:
         """``job``'s value: run here if no thread took it, else awaited for ``timeout``
-        seconds at most (then ``hung()`` is raised); the job's error is raised as it is."""
+        seconds at most (then ``hung()`` is raised); the job's error is raised as it is, except
+        one that is not an ``Exception`` raised on a thread (``SystemExit``, an interrupt
+        delivered there): the caller gets a ``RuntimeError`` naming the thread and ``what`` the
+        job was doing, not the thread's exit."""
         if job.claim():
             job.run()
         elif not job.done.wait(timeout):
             raise hung()
-        if job.error is not None:
-            raise job.error
-        return job.value
+        return _outcome(job, what)
 
     def together(
         self, work: Callable[[], bool], timeout: float, hung: Callable[[], BaseException]
@@ -134,9 +145,7 @@ class Executor:
             if job is not None and not job.claim(WITHDRAWN):  # taken: wait for it to end
                 if not job.done.wait(timeout):
                     raise hung()
-                if job.error is not None:
-                    raise job.error
-                theirs = job.value
+                theirs = _outcome(job, "its share of a read")
         return mine and theirs is not False
 
     # --- threads ----------------------------------------------------------------------
@@ -155,50 +164,93 @@ class Executor:
             self._queue = queue.PriorityQueue()  # (a fork's copy may hold the parent's jobs)
             self._threads = []
             self._pid = pid
+            # dropped unclosed (an interrupt before close ran): the collector stops them
+            self._stop = weakref.finalize(self, _stop, self._queue, self._closed, self.size)
             self._spawn(0)  # raises (and the submit with it) when not even one thread starts
 
     def _spawn(self, i: int) -> None:
-        thread = threading.Thread(target=self._work, args=(i,), name=f"{self.name}-{i}")
+        """Start thread ``i``; it holds the queue and the closed event, not the executor (so
+        that an executor dropped unclosed is collected, and its finalizer stops them)."""
+        more = _Starter(self) if i == 0 and self.size > 1 else None
+        thread = threading.Thread(
+            target=_work, args=(self._queue, self._closed, more), name=f"{self.name}-{i}"
+        )
         thread.daemon = True
         thread.start()
         self._threads.append(thread)
 
-    def _work(self, i: int) -> None:
-        if i == 0:  # the starter: the other threads first, then jobs like them
-            for k in range(1, self.size):
-                with self._lock:
-                    if self._closed:
-                        break
-                    try:
-                        self._spawn(k)
-                    except RuntimeError as err:  # "can't start new thread": fewer, slower
-                        log.warning("%s: %d of %d threads (%s)", self.name, k, self.size, err)
-                        break
-        self._serve()
-
-    def _serve(self) -> None:
-        jobs = self._queue
-        while True:
-            job = jobs.get()[2]
-            if job is None:
-                return
-            if job.claim():
-                job.run()
-            del job  # (nothing of a finished job stays referenced while the next is awaited)
+    def _spawn_others(self) -> None:
+        for k in range(1, self.size):
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                try:
+                    self._spawn(k)
+                except RuntimeError as err:  # "can't start new thread": fewer, slower
+                    log.warning("%s: %d of %d threads (%s)", self.name, k, self.size, err)
+                    return
 
     def close(self) -> None:
         """Drop queued jobs and stop every thread (each after its current job, bounded);
         idempotent. Jobs not yet run are withdrawn: asking for one runs it on the caller."""
-        if self._closed:
-            return
-        self._closed = True
+        self._closed.set()  # first: whatever interrupts the rest, the threads stop
         if self._finalizing() or self._pid != self._getpid():
             return  # nothing to wake or wait for here
-        with self._lock:  # (no thread is started once this is set: see _work)
-            threads, self._threads = self._threads, []
-        for i in range(self.size):  # one for each thread there is or may still be started
-            self._queue.put((-1, i, None))  # ahead of every job
+        with self._lock:  # (no thread is started once closed is set: see _spawn_others)
+            threads = [t for t in self._threads if t.is_alive()]
+        _stop(self._queue, self._closed, self.size)
         for thread in threads:
             thread.join(JOIN_TIMEOUT_S)
             if thread.is_alive():
                 log.warning("%s still busy %.0f s after close", thread.name, JOIN_TIMEOUT_S)
+
+
+class _Starter:
+    """Thread 0's errand of starting the others, holding the executor only until it is done."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor: Executor | None = executor
+
+    def run(self) -> None:
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor._spawn_others()
+
+
+Jobs = queue.PriorityQueue[tuple[int, int, "Job | None"]]
+
+
+def _stop(jobs: Jobs, closed: threading.Event, size: int) -> None:
+    """Tell the threads to stop: the closed event, and a sentinel each ahead of every job."""
+    closed.set()
+    for i in range(size):
+        jobs.put((-1, i, None))
+
+
+def _work(jobs: Jobs, closed: threading.Event, starter: _Starter | None) -> None:
+    if starter is not None:  # thread 0: the other threads first, then jobs like them
+        starter.run()
+        del starter
+    while not closed.is_set():
+        try:
+            job = jobs.get(timeout=POLL_S)[2]
+        except queue.Empty:
+            continue
+        if job is None:
+            return
+        if job.claim():
+            job.run()
+        del job  # (nothing of a finished job stays referenced while the next is awaited)
+
+
+def _outcome(job: Job, what: str) -> Any:
+    """A finished job's value, or its error raised (see ``Executor.result``)."""
+    error = job.error
+    if error is None:
+        return job.value
+    if isinstance(error, Exception) or job.runner == threading.current_thread().name:
+        raise error
+    raise RuntimeError(
+        f"thread {job.runner} stopped with {error!r} while running {what}; "
+        "see the error logged before this one"
+    ) from error

@@ -51,7 +51,7 @@ __all__ = [
 
 UNREAD_SAMPLE_BYTES = 64 << 10  # outputs whose samples average this much are left unread
 OPEN_FILES = 8  # shards kept open per reader (chunks still holding one keep it open)
-THREAD_NAME = "shardprep-read"  # the reader's executor (``loader.core``)
+THREAD_NAME = "shardprep-local-read"  # the reader's executor (``loader.core``): threads <name>-<i>
 WAIT_S = 300.0  # a local read this slow is a hung file system: say so instead of waiting forever
 SPLIT_MIN = 8  # batches of fewer samples are read on the calling thread alone
 SPLIT_BYTES = 1 << 20  # a window read this large is shared between the threads in parts this size

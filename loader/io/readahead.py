@@ -49,8 +49,9 @@ from typing import Any, Protocol
 
 from loader.errors import UnreachableError
 from loader.io.executor import Executor, Job
+from loader.io.files import positioned_read
 from loader.io.options import RemoteOptions
-from loader.io.ranges import RangeIO
+from loader.io.ranges import RangeIO, allocate
 from loader.io.source import Source, worst_case_s
 from loader.plan.reads import Group, Read, ReadPlan, Spans, plan_groups
 from shardprep.format.manifest import Manifest
@@ -65,7 +66,7 @@ MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
 MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 LOCAL_WAIT_S = 300.0  # a local read this slow is a hung file system: say so, don't wait forever
-LOCAL_PART_BYTES = 4 << 20  # a local group is read in parts this large
+LOCAL_PART_BYTES = 4 << 20  # a local group is read in parts this large at most
 THREAD_NAME = "shardprep-read-ahead"
 
 
@@ -109,11 +110,12 @@ class Fetch(Protocol):
     """Where a read-ahead's bytes come from (``RemoteFetch``, ``LocalFetch``)."""
 
     cache: Any  # a loader.io.cache.ShardCache, or None
+    splits: bool  # a group is fetched in parts of request_bytes (else as one part)
 
     def index(self, shard: int) -> bytes:
         """The whole index file of ``shard``."""
 
-    def part(self, shard: int, start: int, stop: int) -> bytes:
+    def part(self, shard: int, start: int, stop: int) -> bytes | memoryview:
         """Bytes ``[start, stop)`` of ``shard``'s file (fewer where the file ends)."""
 
     def timeout(self, size: int) -> float:
@@ -125,6 +127,8 @@ class Fetch(Protocol):
 
 class RemoteFetch:
     """Ranged GETs of a remote output (``Source.fetch``), through the cache if there is one."""
+
+    splits = True  # requests of request_bytes, in flight at once
 
     def __init__(self, source: Source, manifest: Manifest, cache: Any = None) -> None:
         self._source, self._manifest, self.cache = source, manifest, cache
@@ -155,9 +159,12 @@ class RemoteFetch:
 
 
 class LocalFetch:
-    """Positioned reads of a local output's shard files."""
+    """Positioned reads of a local output's shard files, each group in one read into memory of
+    its own (``loader.io.ranges.allocate``: private anonymous pages, given back to the system
+    when the last view of them goes, so a 20 MiB sample does not leave the heap 20 MiB larger)."""
 
     cache = None
+    splits = False
 
     def __init__(self, source: Source, manifest: Manifest) -> None:
         self._source, self._manifest = source, manifest
@@ -166,19 +173,15 @@ class LocalFetch:
         entry = self._manifest.shards[shard]
         return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
 
-    def part(self, shard: int, start: int, stop: int) -> bytes:
+    def part(self, shard: int, start: int, stop: int) -> memoryview:
         name = self._manifest.shards[shard].file
+        view = memoryview(allocate(max(0, stop - start)))
         with self._source.open(name) as f:
             try:
-                data = os.pread(f.fileno(), stop - start, start)
-                while 0 < len(data) < stop - start:  # a short read before the end: go on
-                    more = os.pread(f.fileno(), stop - start - len(data), start + len(data))
-                    if not more:
-                        break
-                    data += more
+                got = positioned_read(f.fileno(), (view,), start, len(view)) if len(view) else 0
             except OSError as err:
                 raise self._named(err, name, start, stop - start) from err
-        return data
+        return view[:got]  # fewer where the file ends: the reader names the first sample lost
 
     def _named(self, err: OSError, name: str, offset: int, size: int) -> OSError:
         """``err``, naming the shard if it does not (``os.pread``'s EIO names no file): the
@@ -238,6 +241,7 @@ class ReadAhead:
         self._budget = 0  # bytes held or in flight ahead (see _cost)
         self._pinned: dict[int, int] = {}  # cache mode: outstanding groups per shard
         self._exhausted = False
+        self._stopped = False  # planning failed: the rest is read directly
         self._upcoming = iter(shard_order)  # drawn lazily: it may be a walk of the epoch's plan
         self._order: list[int] = []  # the distinct shards drawn so far, in order of first use
         self._position: dict[int, int] = {}  # shard -> its place in _order
@@ -258,13 +262,15 @@ class ReadAhead:
         entry = self._manifest.shards[shard]
         return self._wait(job, entry.index_file, entry.index_bytes)  # type: ignore[no-any-return]
 
-    def read(self, shard: int, offset: int, size: int) -> bytes:
+    def read(self, shard: int, offset: int, size: int) -> bytes | memoryview:
         """The next planned read's bytes (fetched ahead); any other read is made directly."""
         if os.getpid() != self._pid:  # a fork: this process has none of the jobs' threads
             return self._direct(Read(shard, offset, size))
         self._top_up()
         head = self._pending[0] if self._pending else None
         want = Read(shard, offset, size)
+        if head is None and self._stopped:
+            return self._direct(want)  # planning stopped (see _top_up): read when asked
         if head is None or head.group.reads[len(head.group.reads) - head.remaining] != want:
             self.misses += 1  # a plan that diverged from the reader: correct, but slow
             log.warning("read-ahead: %s was not the planned next read; reading it directly", want)
@@ -296,7 +302,15 @@ class ReadAhead:
         while (
             not self._exhausted and not self._closed and (not self._pending or self._budget < limit)
         ):
-            group = next(self._groups, None)
+            try:
+                group = next(self._groups, None)
+            except Exception as err:
+                # planning the next reads failed (say, a damaged index of a later shard): that
+                # error is the reader's to raise where it reads that shard, as without
+                # read-ahead, not a window early; the reads from there on are made directly
+                log.debug("read-ahead stops: planning the next reads failed: %s", err)
+                self._exhausted = self._stopped = True
+                return
             if group is None:
                 self._exhausted = True
                 return
@@ -321,8 +335,9 @@ class ReadAhead:
             else:
                 del self._pinned[pending.group.shard]
         for _, job in pending.parts:
-            if job.done.is_set() and job.value is not None and not isinstance(job.value, bytes):
-                job.value.close()  # unpin a cached file (a job still running at close: GC does)
+            pinned = job.value if job.done.is_set() else None
+            if pinned is not None and not isinstance(pinned, (bytes, memoryview)):
+                pinned.close()  # unpin a cached file (a job still running at close: GC does)
 
     def _prefetch_indexes(self, current: int) -> None:
         """Fetch ahead the index files of the next ``INDEX_AHEAD`` shards after ``current``."""
@@ -364,7 +379,7 @@ class ReadAhead:
                 return self._fetch.part(group.shard, group.start, stop)
 
             return [(group.start, self._pool.submit(cached))]
-        step = self._request_bytes
+        step = self._request_bytes if self._fetch.splits else max(1, stop - group.start)
         starts = range(group.start, max(stop, group.start + 1), step)
         return [
             (
@@ -376,16 +391,16 @@ class ReadAhead:
             for start in starts
         ]
 
-    def _direct(self, read: Read) -> bytes:
+    def _direct(self, read: Read) -> bytes | memoryview:
         return self._fetch.part(read.shard, read.offset, read.stop) if read.size else b""
 
     # --- consuming ------------------------------------------------------------------
 
-    def _gather(self, pending: _Pending, read: Read) -> bytes:
+    def _gather(self, pending: _Pending, read: Read) -> bytes | memoryview:
         """The bytes of ``read`` from its group's parts (waiting for the ones it needs)."""
         name = self._manifest.shards[read.shard].file
         parts = pending.parts
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
         for i, (start, job) in enumerate(parts):
             end = parts[i + 1][0] if i + 1 < len(parts) else pending.group.stop
             if end <= read.offset and i + 1 < len(parts):
@@ -393,19 +408,20 @@ class ReadAhead:
             if start >= read.stop and chunks:
                 break
             value = self._wait(job, name, end - start)
-            if not isinstance(value, bytes):  # a pinned cached file
+            if not isinstance(value, (bytes, memoryview)):  # a pinned cached file
                 data: bytes = os.pread(value.fileno(), read.size, read.offset)
                 return data
             if start == read.offset and len(value) == read.size:
                 return value  # exactly this read: no copy
             chunks.append(value[max(0, read.offset - start) : read.stop - start])
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one part: a view of it
 
     def _wait(self, job: Job, name: str, size: int) -> Any:
         """``job``'s result (run here if no thread has started it), within its deadline; its
         error re-raised as it is."""
         timeout = self._fetch.timeout(size)
-        return self._pool.result(job, timeout, partial(self._fetch.hung, name, timeout))
+        hung = partial(self._fetch.hung, name, timeout)
+        return self._pool.result(job, timeout, hung, f"a read of {name}")
 
 
 def read_ahead(
@@ -427,7 +443,10 @@ def read_ahead(
         if local_ahead_bytes <= 0 or manifest.compression == "zstd":
             return None
         fetch = LocalFetch(source, manifest)
-        pace = Pace(1, local_ahead_bytes, LOCAL_PART_BYTES)
+        # parts (and groups) of a quarter window at most: the next shard's first reads go
+        # ahead while this one's last window is handed out, not once it is all consumed
+        part = min(LOCAL_PART_BYTES, max(1 << 20, local_ahead_bytes // 4))
+        pace = Pace(1, local_ahead_bytes, part)
     else:
         cache = None
         if options.cache_dir is not None:

@@ -1,4 +1,5 @@
-"""Hostile use of the local read-ahead (``loader.io.localahead``): shards changed under a running
+"""Hostile use of the local read-ahead (``loader.io.readahead`` with a ``LocalFetch``, on the
+reader's ``loader.io.executor.Executor``): shards changed under a running
 epoch, a read error on the thread, Ctrl-C, abandoned iterators, killed and persistent DataLoader
 workers, a resumed StatefulDataLoader, a fork from inside an epoch, and memory over many
 windows. Real files and processes throughout; samples of 70-100 KiB and 1 MiB windows, so
@@ -27,8 +28,8 @@ from torch.utils.data import DataLoader
 import shardprep
 from loader import CorruptShardError, ShardDataset
 from loader.core import ShardStream
-from loader.io import localahead
-from loader.io.localahead import THREAD_NAME
+from loader.io import executor
+from loader.io.files import THREAD_NAME
 from tests.integration.test_localahead import KW, _threads, _until
 from tests.processes import run_bounded
 
@@ -167,7 +168,7 @@ def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is code:
             caller = frame.f_back
-            if caller is not None and caller.f_code.co_filename.endswith("localahead.py"):
+            if caller is not None and caller.f_code.co_filename.endswith("executor.py"):
                 sys.settrace(None)
                 raise KeyboardInterrupt
         return None
@@ -202,7 +203,7 @@ def test_ctrl_c_as_the_thread_starts_or_stops(copy: Path, where: str) -> None:
 CHILD_CTRL_C = """
 import gc, random, signal, sys, threading, warnings
 from loader import ShardDataset
-from loader.io.localahead import THREAD_NAME
+from loader.io.files import THREAD_NAME
 
 warnings.simplefilter("ignore", ResourceWarning)  # an interrupt between open and with
 armed = [False]
@@ -235,7 +236,8 @@ for _ in range(100):
 gc.collect()
 # (a thread whose start() the interrupt cut before it was started stays in threading's
 # limbo, listed but never run: CPython's own bookkeeping, no thread; not joinable)
-left = [t for t in threading.enumerate() if t.name == THREAD_NAME and t.ident is not None]
+left = [t for t in threading.enumerate()
+        if t.name.startswith(THREAD_NAME + "-") and t.ident is not None]
 for t in left:
     t.join(10)
 print("INTERRUPTED", interrupted, "LEFT", sum(t.is_alive() for t in left))
@@ -465,7 +467,7 @@ def test_leaving_while_the_thread_hangs_in_open_is_bounded(
     ``open`` of it blocks. Leaving the epoch then returns after ``JOIN_TIMEOUT_S`` with a
     warning (not never); the thread ends once the open returns. (The join timeout is cut from
     5 s to 1 s here: the same wait, a shorter real timeout.)"""
-    monkeypatch.setattr(localahead, "JOIN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(executor, "JOIN_TIMEOUT_S", 1.0)
     fifo = copy / "shard-00001.tar"
     fifo.unlink()
     os.mkfifo(fifo)
@@ -479,7 +481,7 @@ def test_leaving_while_the_thread_hangs_in_open_is_bounded(
     it.close()  # type: ignore[attr-defined]
     took = time.monotonic() - started
     assert 0.5 < took < 1.0 + 20
-    assert f"{THREAD_NAME} still reading" in caplog.text
+    assert f"{THREAD_NAME}-0 still busy" in caplog.text
     writer = os.open(
         fifo, os.O_WRONLY | os.O_NONBLOCK
     )  # the open returns: the thread sees the stop
@@ -535,24 +537,24 @@ def test_a_thread_ended_by_a_base_exception_fails_the_reads_it_left(
     """A ``BaseException`` that ends the read-ahead thread (none is raised there in practice; it
     is injected here, the only way to make one) fails the read that asks for the window at once,
     naming the thread and the shard, instead of an AssertionError or a 300 s wait."""
-    from loader.io import localahead
+    from loader.io.readahead import LocalFetch
 
     out, jpgs = large
-    real = localahead.LocalAhead._fill
+    real = LocalFetch.part
 
-    def fill(self: Any, part: Any, files: dict[int, Any]) -> None:
-        if part.read.shard == 1 and threading.current_thread().name == THREAD_NAME:
+    def part(self: Any, shard: int, start: int, stop: int) -> bytes:
+        if shard == 1 and threading.current_thread().name.startswith(THREAD_NAME + "-"):
             raise SystemExit(3)
-        real(self, part, files)
+        return real(self, shard, start, stop)
 
-    monkeypatch.setattr(localahead.LocalAhead, "_fill", fill)
+    monkeypatch.setattr(LocalFetch, "part", part)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # its traceback, silenced
     started = time.monotonic()
     delivered = 0
-    with pytest.raises(RuntimeError, match=f"{THREAD_NAME}.*shard 1") as info:  # noqa: PT012
+    with pytest.raises(RuntimeError, match=f"{THREAD_NAME}-0.*shard-00001.tar") as info:  # noqa: PT012
         for batch in ShardDataset(str(out), **KW):
             delivered += _check(batch, jpgs)
     assert time.monotonic() - started < 60
     assert delivered < len(jpgs)
-    assert "SystemExit" in str(info.value) or "ended before it read" in str(info.value)
+    assert "SystemExit(3)" in str(info.value)
     assert _until(lambda: not _threads())

@@ -33,7 +33,6 @@ import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
 from loader.core import ShardStream
 from loader.io.files import SPLIT_MIN, THREAD_NAME
-from loader.io.localahead import THREAD_NAME as AHEAD_THREAD
 from loader.torch.batch import Packed
 from loader.torch.output import TorchOutput
 from shardprep.format.shardformat import decode_index
@@ -53,7 +52,7 @@ large, copy = hunt.large, hunt.copy  # its fixtures: 90 samples of 70-100 KiB, 3
 
 
 def _splits() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME + "-")]
 
 
 def _open_in(out: Path) -> int:
@@ -132,8 +131,10 @@ def test_on_error_skip_takes_the_read_ahead_path(large: Output, copy: Path) -> N
     skip = ReadOptions(on_error="skip")
     it = iter(ShardDataset(str(copy), **KW, read=skip))
     got = [next(it)]
-    assert [t.name for t in threading.enumerate() if t.name in (THREAD_NAME, AHEAD_THREAD)] == [
-        AHEAD_THREAD
+    # (one thread: the reader's, reading the windows ahead; the scatter path reads each batch
+    # when it is asked for, the windows are not read ahead)
+    assert [t.name for t in threading.enumerate() if t.name.startswith(THREAD_NAME)] == [
+        f"{THREAD_NAME}-0"
     ]
     got.extend(it)
     want = list(ShardDataset(str(copy), **PER_SAMPLE, read=skip))
@@ -350,13 +351,13 @@ def test_a_shard_held_by_many_chunks_is_open_once(tmp_path: Path) -> None:
 def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     """A trace function raising KeyboardInterrupt (as Python's SIGINT handler does: in the
     main thread, at the code it runs) as the main thread enters ``threading.Thread.<name>``
-    called from ``loader/io/files.py``: a moment a real Ctrl-C may land."""
+    called from ``loader/io/executor.py``: a moment a real Ctrl-C may land."""
     code = getattr(threading.Thread, name).__code__
 
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is code:
             caller = frame.f_back
-            if caller is not None and caller.f_code.co_filename.endswith("shardfiles.py"):
+            if caller is not None and caller.f_code.co_filename.endswith("executor.py"):
                 sys.settrace(None)
                 raise KeyboardInterrupt
         return None
@@ -427,7 +428,7 @@ for _ in range(60):
 gc.collect()
 # (a thread whose start() the interrupt cut before it was started stays in threading's
 # limbo, listed but never run: CPython's own bookkeeping, no thread; not joinable)
-left = [t for t in threading.enumerate() if t.name == THREAD_NAME and t.ident is not None]
+left = [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME + "-") and t.ident is not None]
 for t in left:
     t.join(10)
 whole = sum(len(b["__key__"]) for b in ShardDataset(sys.argv[1], **kw))
@@ -628,7 +629,7 @@ from loader.io.files import THREAD_NAME
 _read, _fork, _lock = loader.torch.scatter.positioned_read, os.fork, threading.Lock()
 _in_flight, _reads, _reading = [0], [0], threading.Event()
 def _slow(*args):
-    if threading.current_thread().name != THREAD_NAME:
+    if not threading.current_thread().name.startswith(THREAD_NAME + "-"):
         return _read(*args)
     with _lock:
         _in_flight[0] += 1

@@ -1,5 +1,6 @@
-"""Local read-ahead (``loader.io.localahead``): a local output's next window read, and its samples
-checked, on one thread. Samples here average ~85 KiB (above ``AHEAD_SAMPLE_BYTES``), so every
+"""Local read-ahead (``loader.io.readahead.ReadAhead`` with a ``LocalFetch``, on the reader's
+``loader.io.executor.Executor``): a local output's next window read on one thread, its samples
+checked as they are handed out. Samples here average ~85 KiB (above ``AHEAD_SAMPLE_BYTES``), so every
 window after the first is read ahead; windows of ~1 MiB hold several chunks and batches of 5
 span windows. The thread serves the per-sample path (a ``transform``, or ``decode``: ``KW``
 has an identity transform); the batch path of such an output reads each batch's samples
@@ -26,8 +27,10 @@ from torch.utils.data import DataLoader
 import shardprep
 from loader import CorruptShardError, ReadOptions, ShardDataset
 from loader.core import ShardStream
-from loader.io.localahead import THREAD_NAME, LocalAhead, window_reads
+from loader.io.files import THREAD_NAME
 from loader.io.ranges import BufferPool
+from loader.io.readahead import ReadAhead
+from loader.plan.reads import window_plan
 from loader.plan.windows import plan_windows
 from loader.torch.batch import Packed
 from shardprep.format.errors import ChecksumMismatchError
@@ -64,7 +67,7 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, byt
 
 
 def _threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME + "-")]
 
 
 def _until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
@@ -250,23 +253,26 @@ def test_workers_read_ahead_in_their_own_process(large: tuple[Path, dict[str, by
 def test_the_reader_starts_its_thread_when_it_reads_ahead(
     large: tuple[Path, dict[str, bytes]],
 ) -> None:
-    """No thread until the first window is read (it is read on the iterating thread: nothing
-    to overlap it with); the next window then goes to the thread."""
+    """No thread until the first read (a DataLoader may still fork the process that made the
+    reader); from the first read on, one, reading the window's parts that the iterating thread
+    has not taken and the next window; none once the reader is closed. The reads are served in
+    plan order, none missed."""
     out, _ = large
     stream = ShardStream(str(out), **KW)
     pieces = stream.order(0)
-    plan = window_reads(pieces, 0, stream.shuffle_buffer, stream.shuffle_buffer_bytes)
-    reader = stream.reader(0, BufferPool(), None, plan)
+    plan = window_plan(pieces, 0, stream.shuffle_buffer, stream.shuffle_buffer_bytes)
+    reader = stream.reader(0, BufferPool(), plan, local_ahead=True)
     try:
-        assert isinstance(reader.io, LocalAhead)
+        assert isinstance(reader.io, ReadAhead)
         assert not _threads()  # made, nothing read: a DataLoader may still fork
-        window = next(plan_windows(pieces, reader.sample_sizes, 8192, 1 << 20))
+        windows = plan_windows(pieces, reader.sample_sizes, 8192, 1 << 20)
+        window = next(windows)
         assert not _threads()
-        chunks = [reader.read(piece) for piece in window[:-1]]
-        assert not _threads()  # the first window: read here
-        chunks.append(reader.read(window[-1]))
-        assert len(_threads()) == 1  # its last read served: the next window goes ahead
+        chunks = [reader.read(piece) for piece in window]
+        assert len(_threads()) == 1  # reading ahead since the first read
         assert [len(c) for c in chunks] == [len(p) for p in window]
+        chunks = [reader.read(piece) for piece in next(windows)]
+        assert reader.io.misses == 0
     finally:
         reader.close()
     assert not _threads()

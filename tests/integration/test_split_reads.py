@@ -1,5 +1,6 @@
 """A reader alone in its process shares its local reads with one more thread
-(``loader.io.files.SplitReads``): a window's bytes in 1 MiB parts, a batch's samples one by one.
+(one thread of its ``loader.io.executor.Executor``: ``loader.io.files.split_read_into`` and
+``together``): a window's bytes in 1 MiB parts, a batch's samples one by one.
 
 Pinned here: the bytes read are the file's, a read that meets the end of the file says how far
 it got, a job the other thread has not taken when the caller is done is withdrawn (the caller
@@ -20,29 +21,30 @@ from torch.utils.data import DataLoader
 
 import shardprep
 from loader import CorruptShardError, ShardDataset
-from loader.io.files import SPLIT_BYTES, THREAD_NAME, SplitReads
+from loader.io.executor import Executor
+from loader.io.files import SPLIT_BYTES, THREAD_NAME, split_read_into, together
 from tests.integration.test_localahead import _until, same
 
 
 def _splits() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME + "-")]
 
 
 def test_a_window_read_in_parts_is_the_files_bytes(tmp_path: Path) -> None:
     data = random.Random(1).randbytes(5 * SPLIT_BYTES + 12345)
     path = tmp_path / "blob"
     path.write_bytes(data)
-    split = SplitReads()
+    split = Executor(1, THREAD_NAME)
     fd = os.open(path, os.O_RDONLY)
     try:
         for offset, size in [(0, len(data)), (777, 3 * SPLIT_BYTES + 5), (100, SPLIT_BYTES)]:
             view = memoryview(bytearray(size))
-            assert split.read_into(fd, view, offset) == size
+            assert split_read_into(split, fd, view, offset) == size
             assert view.tobytes() == data[offset : offset + size]
         # past the end of the file: the bytes there are, and how many
         view = memoryview(bytearray(4 * SPLIT_BYTES))
         offset = len(data) - SPLIT_BYTES - 99
-        assert split.read_into(fd, view, offset) == SPLIT_BYTES + 99
+        assert split_read_into(split, fd, view, offset) == SPLIT_BYTES + 99
         assert view[: SPLIT_BYTES + 99].tobytes() == data[offset:]
         assert len(_splits()) == 1
     finally:
@@ -54,18 +56,18 @@ def test_a_window_read_in_parts_is_the_files_bytes(tmp_path: Path) -> None:
 def test_a_job_the_busy_thread_has_not_taken_is_withdrawn() -> None:
     """The other thread is held inside a first job; a second caller does all of its own work
     and returns at once, without waiting for that thread (its job is withdrawn, never run)."""
-    split = SplitReads()
+    split = Executor(1, THREAD_NAME)
     release, holding = threading.Event(), threading.Event()
 
     def hold() -> bool:  # the first job: the other thread takes it and is held there
-        if threading.current_thread().name == THREAD_NAME:
+        if threading.current_thread().name.startswith(THREAD_NAME + "-"):
             holding.set()
             assert release.wait(30)
         else:  # (its caller waits until it is taken, so that it is not withdrawn)
             assert holding.wait(30)
         return True
 
-    first = threading.Thread(target=split, args=(hold, 100))
+    first = threading.Thread(target=together, args=(split, hold, 100))
     first.start()
     try:
         assert holding.wait(30)
@@ -78,7 +80,9 @@ def test_a_job_the_busy_thread_has_not_taken_is_withdrawn() -> None:
             return True
 
         results: list[bool] = []
-        second = threading.Thread(target=lambda: results.append(split(work, 50)), name="second")
+        second = threading.Thread(
+            target=lambda: results.append(together(split, work, 50)), name="second"
+        )
         second.start()
         second.join(10)  # (a caller that waited for the held thread would still be waiting)
         assert not second.is_alive()
@@ -162,13 +166,13 @@ def test_no_view_of_the_callers_buffer_is_kept(tmp_path: Path) -> None:
     kept by the other thread's last job doubled the `small` epoch's window memory)."""
     path = tmp_path / "blob"
     path.write_bytes(random.Random(2).randbytes(4 * SPLIT_BYTES))
-    split = SplitReads()
+    split = Executor(1, THREAD_NAME)
     fd = os.open(path, os.O_RDONLY)
     try:
         for _ in range(3):
             buffer = bytearray(4 * SPLIT_BYTES)
             view = memoryview(buffer)  # (as the reader's pool hands it out: not released)
-            assert split.read_into(fd, view, 0) == 4 * SPLIT_BYTES
+            assert split_read_into(split, fd, view, 0) == 4 * SPLIT_BYTES
             del view
             buffer.extend(b"x")  # BufferError while any view of it is alive
     finally:

@@ -1,6 +1,7 @@
 """The time to the first batch of a remote epoch: the first group is planned without waiting for
-the next shard's index, and the read-ahead threads start without holding up the reader, all
-of them, and stop on close even while they are still being started."""
+the next shard's index, and the read-ahead threads (``loader.io.executor.Executor``) start
+without holding up the reader, all of them, and stop on close even while they are still being
+started."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from loader.io.readahead import THREAD_NAME, _Pool
+from loader.io.executor import Executor
+from loader.io.readahead import THREAD_NAME
 from loader.plan.reads import Read, plan_groups
 
 DEADLINE_S = 60.0
@@ -51,7 +53,7 @@ def _until(condition: object, what: str) -> None:
 
 def test_pool_starts_every_thread_and_close_stops_them() -> None:
     assert _pool_threads() == []
-    pool = _Pool(16)
+    pool = Executor(16, THREAD_NAME)
     release = threading.Event()
     running = threading.Semaphore(0)
 
@@ -75,7 +77,7 @@ def test_pool_starts_every_thread_and_close_stops_them() -> None:
 def test_pool_closed_while_its_threads_start(round_: int) -> None:
     """close() right after the first submit: the starter may still be starting threads; none
     survives (a job still queued is dropped: nobody waits for it)."""
-    pool = _Pool(16)
+    pool = Executor(16, THREAD_NAME)
     job = pool.submit(lambda: round_)
     pool.close()
     assert _pool_threads() == []

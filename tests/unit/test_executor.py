@@ -1,0 +1,183 @@
+"""loader.io.executor.Executor: the one thread mechanism of a reader. A job no thread has taken
+runs on the caller; a taken job's error is raised as it is (a thread's exit becomes a
+RuntimeError naming the thread); a stuck job's wait is bounded; together() withdraws an offer
+no thread took; the threads stop on close, even when close is cut short, and when the executor
+is dropped unclosed."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from loader.io.executor import Executor
+
+NAME = "test-executor"
+DEADLINE_S = 30.0
+
+
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(NAME + "-")]
+
+
+def _until(condition: object, timeout: float = DEADLINE_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _hung() -> BaseException:
+    return TimeoutError("stuck")
+
+
+@pytest.fixture
+def busy() -> Iterator[tuple[Executor, threading.Event]]:
+    """An executor of one thread, held inside a first job until the event is set."""
+    executor = Executor(1, NAME)
+    release, holding = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        holding.set()
+        assert release.wait(DEADLINE_S)
+        return "held"
+
+    executor.submit(hold)
+    assert holding.wait(DEADLINE_S)
+    yield executor, release
+    release.set()
+    executor.close()
+    assert _until(lambda: not _threads())
+
+
+def test_a_job_no_thread_took_runs_on_the_caller(busy: tuple[Executor, threading.Event]) -> None:
+    executor, release = busy
+    ran_on: list[str] = []
+
+    def job_fn() -> int:
+        ran_on.append(threading.current_thread().name)
+        return 7
+
+    job = executor.submit(job_fn)
+    assert executor.result(job, 1.0, _hung) == 7  # the thread is held: the caller ran it
+    assert ran_on == [threading.current_thread().name]
+    assert not release.is_set()
+
+
+def test_a_taken_jobs_error_is_raised_as_it_is() -> None:
+    executor = Executor(1, NAME)
+    started = threading.Event()
+
+    def fail() -> None:
+        started.set()
+        raise FileNotFoundError(2, "gone", "shard-00001.tar")
+
+    try:
+        job = executor.submit(fail)
+        assert started.wait(DEADLINE_S)
+        with pytest.raises(FileNotFoundError, match="shard-00001.tar"):
+            executor.result(job, DEADLINE_S, _hung)
+    finally:
+        executor.close()
+    assert not _threads()
+
+
+def test_a_threads_exit_becomes_a_runtime_error_naming_it() -> None:
+    executor = Executor(1, NAME)
+    started = threading.Event()
+
+    def leave() -> None:
+        started.set()
+        raise SystemExit(3)
+
+    try:
+        job = executor.submit(leave)
+        assert started.wait(DEADLINE_S) and job.done.wait(DEADLINE_S)
+        with pytest.raises(RuntimeError, match=rf"{NAME}-0 stopped with SystemExit\(3\).*shard 4"):
+            executor.result(job, DEADLINE_S, _hung, "a read of shard 4")
+    finally:
+        executor.close()
+
+
+def test_waiting_for_a_stuck_job_is_bounded(busy: tuple[Executor, threading.Event]) -> None:
+    executor, _ = busy
+    second = Executor(1, NAME + "-second")
+    stuck = threading.Event()
+    job = second.submit(lambda: stuck.wait(DEADLINE_S))
+    assert _until(lambda: job.state != 0)  # taken by the thread
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="stuck"):
+        second.result(job, 0.2, _hung)
+    assert time.monotonic() - started < 5
+    stuck.set()
+    second.close()
+
+
+def test_together_withdraws_the_offer_no_thread_took(
+    busy: tuple[Executor, threading.Event],
+) -> None:
+    executor, release = busy
+    done: list[str] = []
+    claim = iter(range(20))
+
+    def work() -> bool:
+        for i in claim:
+            done.append(f"{threading.current_thread().name}:{i}")
+        return True
+
+    assert executor.together(work, DEADLINE_S, _hung)
+    me = threading.current_thread().name
+    assert done == [f"{me}:{i}" for i in range(20)]  # all here, none waited for
+    assert not release.is_set()
+
+
+def test_together_shares_work_with_a_free_thread() -> None:
+    executor = Executor(1, NAME)
+    names: set[str] = set()
+    both = threading.Barrier(2, timeout=DEADLINE_S)
+
+    def work() -> bool:
+        names.add(threading.current_thread().name)
+        both.wait()  # returns only once the thread runs it too
+        return True
+
+    try:
+        assert executor.together(work, DEADLINE_S, _hung)
+    finally:
+        executor.close()
+    assert names == {threading.current_thread().name, f"{NAME}-0"}
+
+
+def test_close_stops_every_thread() -> None:
+    executor = Executor(4, NAME)
+    jobs = [executor.submit(lambda i=i: i) for i in range(8)]  # type: ignore[misc]
+    assert sorted(executor.result(j, DEADLINE_S, _hung) for j in jobs) == list(range(8))
+    assert _until(lambda: len(_threads()) == 4)
+    executor.close()
+    assert _threads() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        executor.submit(lambda: 0)
+
+
+def test_threads_stop_when_close_is_cut_short() -> None:
+    """An interrupt inside close() after its first store (the closed event) and before the
+    sentinels: the threads still stop, within the poll interval."""
+    executor = Executor(2, NAME)
+    executor.result(executor.submit(lambda: 1), DEADLINE_S, _hung)
+    assert _until(lambda: len(_threads()) == 2)
+    executor._closed.set()  # what an interrupted close() leaves behind
+    assert _until(lambda: not _threads(), timeout=10)
+
+
+def test_threads_stop_when_the_executor_is_dropped_unclosed() -> None:
+    executor = Executor(2, NAME)
+    executor.result(executor.submit(lambda: 1), DEADLINE_S, _hung)
+    assert _until(lambda: len(_threads()) == 2)
+    del executor
+    gc.collect()
+    assert _until(lambda: not _threads(), timeout=10)
