@@ -34,11 +34,8 @@ from shardprep.format.shardformat import (
 __all__ = ["Chunk", "ChunkTable", "UncheckedChunk", "key_array", "key_list"]
 
 IntArray = npt.NDArray[np.int64]
-INDEX_CACHE = 4  # reweighting draws kept per worker
 PRECHECK_BYTES = 64 << 10  # a chunk's v3 samples this small on average are checked at once
 _READ = ReadOptions()
-INDEX_CACHE_BYTES = 16 << 20  # shard indexes kept per worker: ~72 B per sample of 2 members (the
-# 200k samples of the `small` benchmark in 16 shards take 13.7 MiB: all of them, none read twice)
 
 
 @dataclass(frozen=True)

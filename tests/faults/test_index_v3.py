@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch.utils.data
 
-import loader.read.reader
+import loader.read.chunk
 from loader import CorruptShardError, ShardDataset
 from loader.io.source import Source
 from loader.plan.order import SampleRange
@@ -204,7 +204,7 @@ def test_a_version_3_flip_is_refused_naming_what_is_damaged(
     large ones are (each as it is handed out, or per batch), which the DataLoader's forked
     worker inherits."""
     if not precheck:
-        monkeypatch.setattr(loader.read.reader, "PRECHECK_BYTES", 0)
+        monkeypatch.setattr(loader.read.chunk, "PRECHECK_BYTES", 0)
     out = copy_output(built, tmp_path / "out")
     index, member, key, offset = _victim(out)
     data_at, size = int(index.member_offset[member]), int(index.member_size[member])
