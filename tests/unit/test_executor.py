@@ -2,18 +2,23 @@
 runs on the caller; a taken job's error is raised as it is (a thread's exit becomes a
 RuntimeError naming the thread); a stuck job's wait is bounded; together() withdraws an offer
 no thread took; the threads stop on close, even when close is cut short, and when the executor
-is dropped unclosed."""
+is dropped unclosed; a process forked while they run starts its own at its first job."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from loader.io.executor import Executor
+from tests.processes import run_bounded
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NAME = "test-executor"
 DEADLINE_S = 30.0
@@ -181,3 +186,71 @@ def test_threads_stop_when_the_executor_is_dropped_unclosed() -> None:
     del executor
     gc.collect()
     assert _until(lambda: not _threads(), timeout=10)
+
+
+CHILD_FORK = """
+import os, threading, traceback
+from loader.io.executor import Executor
+
+NAME = "test-executor"
+
+
+def names():
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(NAME + "-"))
+
+
+def on_a_thread(executor):
+    \"\"\"The name of the thread that ran a job awaited until a thread took it (not stolen).\"\"\"
+    job = executor.submit(lambda: threading.current_thread().name)
+    assert job.done.wait(30), "no thread ran the job"
+    return executor.result(job, 30, lambda: TimeoutError("stuck"))
+
+
+executor = Executor(2, NAME)
+parent = on_a_thread(executor)
+before = names()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: no thread of the parent's; its first job starts its own
+    code = 1
+    try:
+        os.close(read)
+        at_fork = names()
+        ran_on = on_a_thread(executor)
+        started = names()
+        executor.close()
+        os.write(write, repr((at_fork, ran_on, started, names())).encode())
+        code = 0
+    except BaseException:
+        traceback.print_exc()  # (os._exit skips the interpreter's printing of it)
+    finally:
+        os._exit(code)
+os.close(write)
+got = b""
+while chunk := os.read(read, 1 << 16):
+    got += chunk
+_, status = os.waitpid(pid, 0)
+after = names()  # the parent's threads are untouched by the child's
+executor.close()
+print(repr((parent, before, eval(got), after, names(), os.waitstatus_to_exitcode(status))))
+"""
+
+
+def test_a_forked_child_starts_its_own_threads() -> None:
+    """Fork after the threads started (in a fresh process, under a deadline): the child has
+    none of them, its first job starts its own (named as the parent's), which run its jobs and
+    stop on its close; the parent's keep running until the parent closes."""
+    done = run_bounded([sys.executable, "-c", CHILD_FORK], timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    parent, before, child, after, closed, code = eval(done.stdout)
+    both = [f"{NAME}-0", f"{NAME}-1"]
+    assert parent in both
+    assert before == both
+    at_fork, ran_on, started, child_closed = child
+    assert at_fork == []
+    assert ran_on in both
+    assert started == both
+    assert child_closed == []
+    assert after == both
+    assert closed == []
+    assert code == 0
