@@ -41,7 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -49,7 +50,7 @@ from typing import Any, Protocol
 
 from loader.errors import UnreachableError
 from loader.io.executor import Executor, Job
-from loader.io.files import positioned_read
+from loader.io.files import ShardFile, positioned_read
 from loader.io.options import RemoteOptions
 from loader.io.ranges import RangeIO, allocate
 from loader.io.source import Source, worst_case_s
@@ -124,6 +125,9 @@ class Fetch(Protocol):
     def hung(self, name: str, timeout: float) -> BaseException:
         """The error of a wait for ``name`` that outlived ``timeout``."""
 
+    def close(self) -> None:
+        """Let go of what it holds open."""
+
 
 class RemoteFetch:
     """Ranged GETs of a remote output (``Source.fetch``), through the cache if there is one."""
@@ -145,6 +149,9 @@ class RemoteFetch:
         name = self._manifest.shards[shard].file
         return self._source.fetch(name, start, stop) if stop > start else b""
 
+    def close(self) -> None:
+        pass  # (the cache's pinned files are let go with their groups)
+
     def timeout(self, size: int) -> float:
         extra = 0.0 if self.cache is None else self.cache.lock_timeout_s
         return worst_case_s(self._source.options, size) + WAIT_SLACK_S + extra
@@ -161,13 +168,42 @@ class RemoteFetch:
 class LocalFetch:
     """Positioned reads of a local output's shard files, each group in one read into memory of
     its own (``loader.io.ranges.allocate``: private anonymous pages, given back to the system
-    when the last view of them goes, so a 20 MiB sample does not leave the heap 20 MiB larger)."""
+    when the last view of them goes, so a 20 MiB sample does not leave the heap 20 MiB larger).
+
+    The shard being read is opened once and read through that open file (a ``ShardFile``)
+    until the plan moves to another shard (as the reader's own reads do): a folder made
+    unreadable while its groups are read does not fail the rest of them; a shard changed
+    before the plan comes back to it is opened again (and its change named by the reader)."""
 
     cache = None
     splits = False
 
     def __init__(self, source: Source, manifest: Manifest) -> None:
         self._source, self._manifest = source, manifest
+        self._files: OrderedDict[int, ShardFile] = OrderedDict()
+        self._lock = threading.Lock()  # (groups are read on a thread and on the caller)
+
+    def _open(self, shard: int, name: str) -> ShardFile:
+        """``shard`` open: the one held, else opened now (the one held before let go: a read
+        still using it holds it, and it is closed when that read is done)."""
+        with self._lock:
+            file = self._files.get(shard)
+            if file is not None:
+                self._files.move_to_end(shard)
+                return file
+        opened = ShardFile(self._source.open(name), self._source.path(name))
+        with self._lock:
+            file = self._files.setdefault(shard, opened)
+            while len(self._files) > 1:
+                self._files.popitem(last=False)
+        if file is not opened:
+            opened.close()  # another thread opened it meanwhile
+        return file
+
+    def close(self) -> None:
+        """Let go of the open shards (each is closed once no read uses it)."""
+        with self._lock:
+            self._files.clear()
 
     def index(self, shard: int) -> bytes:
         entry = self._manifest.shards[shard]
@@ -176,11 +212,11 @@ class LocalFetch:
     def part(self, shard: int, start: int, stop: int) -> memoryview:
         name = self._manifest.shards[shard].file
         view = memoryview(allocate(max(0, stop - start)))
-        with self._source.open(name) as f:
-            try:
-                got = positioned_read(f.fileno(), (view,), start, len(view)) if len(view) else 0
-            except OSError as err:
-                raise self._named(err, name, start, stop - start) from err
+        file = self._open(shard, name)
+        try:
+            got = positioned_read(file.fd, (view,), start, len(view)) if len(view) else 0
+        except OSError as err:
+            raise self._named(err, name, start, stop - start) from err
         return view[:got]  # fewer where the file ends: the reader names the first sample lost
 
     def _named(self, err: OSError, name: str, offset: int, size: int) -> OSError:
@@ -255,6 +291,8 @@ class ReadAhead:
 
     def index_bytes(self, shard: int) -> bytes:
         """The index file of ``shard``: fetched ahead when it is among the next shards."""
+        if os.getpid() != self._pid:  # a fork: the job may be one the parent's thread took
+            return self._fetch.index(shard)
         self._prefetch_indexes(shard)
         job = self._index_jobs.pop(shard, None)
         if job is None:
@@ -289,10 +327,13 @@ class ReadAhead:
         if self._closed:
             return
         self._closed = True
-        if self._own:
-            self._pool.close()
-        while self._pending:
-            self._release(self._pending.popleft())
+        try:
+            if self._own:
+                self._pool.close()
+            while self._pending:
+                self._release(self._pending.popleft())
+        finally:
+            self._fetch.close()
 
     # --- planning -------------------------------------------------------------------
 
