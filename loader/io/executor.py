@@ -158,6 +158,8 @@ class Executor:
         pid = self._getpid()
         if self._pid == pid:
             return
+        if self._pid != -1:  # a forked child: a thread of the parent's may have held the lock at
+            self._lock = threading.Lock()  # the fork, and no thread here would release it
         with self._lock:
             if self._pid == pid:
                 return
