@@ -272,10 +272,12 @@ def test_killed_driver_then_resume_from_what_is_in_out(
         assert (Path(staging) / "shard-00003.tar").exists()  # staged on its node
         assert Path(staging).parent == nodes.tmp[node]
         assert not [p for p in driver_tmp.iterdir() if "staging" in p.name]  # not on the driver
-        os.killpg(driver.pid, signal.SIGKILL)
         # Ray ends a dead driver's tasks gracefully (their staging folders go with them); one
         # killed outright (the node's out-of-memory killer, Ray's kill after its grace
-        # period) leaves its folder on the node
+        # period) leaves its folder on the node. The worker is stopped first: killed after the
+        # driver, it could have been ended gracefully in between (and its folder removed)
+        os.kill(worker, signal.SIGSTOP)
+        os.killpg(driver.pid, signal.SIGKILL)
         os.kill(worker, signal.SIGKILL)
         driver.wait(timeout=30)
     _until_gone(worker)

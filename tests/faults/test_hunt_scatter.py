@@ -628,8 +628,12 @@ import loader.torch.scatter
 from loader.io.files import THREAD_NAME
 _read, _fork, _lock = loader.torch.scatter.positioned_read, os.fork, threading.Lock()
 _in_flight, _reads, _reading = [0], [0], threading.Event()
+_waited = [False]
 def _slow(*args):
     if not threading.current_thread().name.startswith(THREAD_NAME + "-"):
+        if not _waited[0]:  # the first read here waits (bounded) until the second thread reads
+            _waited[0] = True  # too: on a loaded machine, this thread can be done before it runs
+            _reading.wait(10)
         return _read(*args)
     with _lock:
         _in_flight[0] += 1
