@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import count, islice
+from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
@@ -54,8 +55,21 @@ from loader.read.decode import make_decoder
 from loader.read.output import NumpyOutput, Output
 from loader.read.reader import ShardReader, checked_indexes
 from loader.read.samples import ErrorPolicy, sample_stream, shuffled_windows
+from loader.read.telemetry import (
+    ASSEMBLE,
+    BATCHES,
+    CHECKSUMS,
+    DECODE,
+    PLAN,
+    READ,
+    SAMPLES,
+    STAGE0,
+    Clock,
+    CountsIO,
+    EpochStats,
+)
 from shardprep.format.manifest import Manifest
-from shardprep.format.shardformat import ShardIndex
+from shardprep.format.shardformat import KEY_FIELD, ShardIndex
 from shardprep.format.versions import read_version
 
 __all__ = ["ShardStream"]
@@ -134,6 +148,9 @@ class ShardStream:
             if resample:
                 self._sizes = self._reweighting.shard_sizes()
         self._total = sum(self._sizes)
+        # where this process's passes count their time (loader.read.telemetry); the torch
+        # layer gives each pass a row of the dataset's shared counters instead
+        self.clock = Clock()
 
     def _version(self, path: str, version: int | None) -> Manifest:
         """The manifest of version ``version`` of the build at ``path`` (None: the newest),
@@ -227,6 +244,9 @@ class ShardStream:
         With a ``history`` of earlier passes (elastic resume), the pass streams
         the rest those passes left, re-split over ``world``.
         """
+        clock = self.clock
+        began = perf_counter_ns()
+        clock.start(epoch)
         batch = self.batch_size
         decoder = make_decoder(self.decode, self.allow_pickle, self.output.image)
         policy = ErrorPolicy(self.read.on_error, self.read.max_consecutive_errors)
@@ -248,7 +268,12 @@ class ShardStream:
         # local reads with one more thread
         plan = window_plan(pieces, skipped, self.shuffle_buffer, self.shuffle_buffer_bytes)
         alone = world.num_workers == 1
-        reader = self.reader(epoch, BufferPool(), plan, True, unread=gather, alone=alone)
+        reader = self.reader(
+            epoch, BufferPool(), plan, True, unread=gather, alone=alone, clock=clock
+        )
+        counted = self.source if self.source.remote and isinstance(self.source, CountsIO) else None
+        io_before = counted.io_counts() if counted is not None else None
+        clock.add(PLAN, perf_counter_ns() - began)
         try:
             # → windows read in turn, each emitted in a seeded order
             windows = shuffled_windows(
@@ -270,26 +295,39 @@ class ShardStream:
             )
             if gather:
                 # → whole batches, gathered from the windows' buffers
-                yield from self.output.gather(windows, batch, positions)  # type: ignore[arg-type]
+                gathered = self.output.gather(windows, batch, positions)  # type: ignore[arg-type]
+                yield from _timed_gather(gathered, clock)
                 return
             # → raw samples, one dict each
             samples = sample_stream(windows, policy)
-            # → decoded and transformed samples
-            if decoder is not None:
-                samples = map(decoder, samples)
-            if self.transform is not None:
-                samples = map(self.transform, samples)
             if batch is None:
-                yield from samples
+                yield from _single(samples, decoder, self.transform, clock)
                 return
-            # → whole batches
+            # → whole batches: each one's samples (read, checked), decoded and transformed, then
+            # collated, the time of each step counted once per batch (loader.read.telemetry)
+            transform = self.transform
             for at in positions:
+                asked = perf_counter_ns()
+                read = clock.elapsed(READ)
                 chunk = list(islice(samples, batch))
                 if not chunk:
                     return
-                yield self.output.collate(chunk, at)
+                cut = perf_counter_ns()
+                clock.add(CHECKSUMS, cut - asked - (clock.elapsed(READ) - read))
+                if decoder is not None:
+                    chunk = [decoder(s) for s in chunk]
+                if transform is not None:
+                    chunk = [transform(s) for s in chunk]
+                decoded = perf_counter_ns()
+                clock.add(DECODE, decoded - cut)
+                made = self.output.collate(chunk, at)
+                clock.add(ASSEMBLE, perf_counter_ns() - decoded)
+                clock.batch(len(chunk))
+                yield made
         finally:
             reader.close()
+            if counted is not None and io_before is not None:
+                clock.io_since(io_before, counted.io_counts())
 
     def _pieces(self, epoch: int, world: World, history: Sequence[Pass]) -> list[SampleRange]:
         """This (rank, slot)'s ranges of the pass's sequence, in stream order.
@@ -350,6 +388,7 @@ class ShardStream:
         local_ahead: bool = False,
         unread: bool = False,
         alone: bool = False,
+        clock: Clock | None = None,
     ) -> ShardReader:
         """A reader of this output with ``epoch``'s class-weight draw (close it after use).
 
@@ -360,6 +399,7 @@ class ShardStream:
         (``loader.torch.scatter``) instead. ``alone``: the reader is alone in its process (in
         process, or a DataLoader's only worker): its local reads are shared with one more
         thread. All of a reader's threads belong to one executor, closed with the reader.
+        ``clock``: where its reads' time is counted (``loader.read.telemetry``).
         """
         read = self.read
         unread = unread and leaves_unread(self.source, self.manifest, read.checksums, read.mapped)
@@ -382,6 +422,7 @@ class ShardStream:
             shared=self._indexes,
             split=executor if alone else None,
             executor=executor,
+            clock=clock,
         )
 
     def _expander(
@@ -406,12 +447,17 @@ class ShardStream:
 
         return draw
 
+    def epoch_stats(self) -> EpochStats:
+        """Where this process's latest pass spent its time (``loader.read.telemetry``): counts
+        and seconds by stage of the last ``iterate``/``items`` run here."""
+        return self.clock.stats()
+
     # --- resume -------------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         # a spawned DataLoader worker reads its own indexes: pickled, they would cross once
         # per worker in full (a forked one inherits them)
-        return {**self.__dict__, "_indexes": {}}
+        return {**self.__dict__, "_indexes": {}, "clock": Clock()}
 
     def options_fingerprint(self, world_size: int, num_workers: int) -> dict[str, Any]:
         """The options a resume state must share with this run (they fix the order)."""
@@ -436,3 +482,36 @@ class ShardStream:
 
 def _pass_key(seed: int, epoch: int, number: int, rank: int, worker: int) -> tuple[int, ...]:
     return window_key(seed, epoch, rank, worker, number)
+
+
+def _timed_gather(batches: Iterator[Any], clock: Clock) -> Iterator[Any]:
+    """``batches`` (gathered: ``Output.gather``) with each one's time counted as ``assemble``,
+    less the reads it waited for (``read``); the counts inline (once per batch)."""
+    cells, at_read, at_assemble = clock.cells, STAGE0 + READ, STAGE0 + ASSEMBLE
+    asked, read = perf_counter_ns(), cells[at_read]
+    for made in batches:
+        cells[at_assemble] += perf_counter_ns() - asked - (cells[at_read] - read)
+        cells[SAMPLES] += len(made[KEY_FIELD])
+        cells[BATCHES] += 1
+        yield made
+        asked, read = perf_counter_ns(), cells[at_read]
+
+
+def _single(
+    samples: Iterator[dict[str, Any]],
+    decoder: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    clock: Clock,
+) -> Iterator[Any]:
+    """Single samples (no batch size), decoded and transformed; counted when the pass ends or
+    is left (no time per sample: with no batch, only ``plan`` and ``read`` are timed)."""
+    if decoder is not None:
+        samples = map(decoder, samples)
+    items: Iterator[Any] = samples if transform is None else map(transform, samples)
+    handed = 0
+    try:
+        for item in items:
+            handed += 1
+            yield item
+    finally:
+        clock.count(handed, handed)

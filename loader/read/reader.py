@@ -46,6 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
+from time import perf_counter_ns
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -63,6 +64,7 @@ from loader.read.chunk import (
     UncheckedChunk,
     _headers_checked,
 )
+from loader.read.telemetry import READ, Clock
 from shardprep.format.errors import ChecksumMismatchError, ManifestError
 from shardprep.format.integrity import (
     FrameError,
@@ -183,6 +185,7 @@ class ShardReader:
         shared: Mapping[int, ShardIndex] | None = None,
         split: Executor | None = None,
         executor: Executor | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``read``: how shards are checked and read (``checksums``, ``verify``, ``mapped``;
         the other fields are the stream's). ``expand``: a shard's reweighted sequence.
@@ -197,8 +200,10 @@ class ShardReader:
         ``split``: the reader's executor when it is alone in its process (in process, or a
         DataLoader's only worker): a local output's reads are shared with one of its threads
         (``loader.io.files.split_read_into``, ``together``). ``executor``: the reader's threads
-        (``split``'s, a local read-ahead's), closed with the reader."""
+        (``split``'s, a local read-ahead's), closed with the reader. ``clock``: where the
+        time of each ``read`` is counted (``loader.read.telemetry``; default: nowhere kept)."""
         checksums, mapped = read.checksums, read.mapped
+        self._clock = clock or Clock()
         self._source = source
         self._mapped = mapped
         self._pool = pool if not source.remote else None
@@ -341,6 +346,13 @@ class ShardReader:
 
     def read(self, piece: SampleRange) -> Chunk:
         """The samples of ``piece`` (positions of the reweighted sequence when reweighting)."""
+        began = perf_counter_ns()
+        try:
+            return self._read(piece)
+        finally:
+            self._clock.add(READ, perf_counter_ns() - began)
+
+    def _read(self, piece: SampleRange) -> Chunk:
         if self._expand is None:
             return self._read_raw(piece)
         ids, weights = self._expanded_ids(piece.shard)

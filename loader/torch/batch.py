@@ -29,6 +29,7 @@ message saying so, through torch's documented ``default_collate_fn_map``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
+from loader.read.telemetry import HANDOFF, Clock
 from loader.torch.arena import Arena, receive_bytes
 from shardprep.format.shardformat import KEY_FIELD, POSITION_FIELD
 
@@ -55,13 +57,25 @@ class Batch(dict):  # type: ignore[type-arg]
     """
 
     crossing: Crossing | None = None  # set by the assembler in a DataLoader worker
+    clock: Clock | None = None  # a DataLoader worker's pass: its pickling is counted (handoff)
 
     def __copy__(self) -> Batch:  # (the DataLoader's default_convert copies each batch)
         copy = Batch(self)
         copy.crossing = self.crossing
+        copy.clock = self.clock
         return copy
 
     def __reduce__(self) -> tuple[Any, ...]:
+        clock = self.clock
+        if clock is None:
+            return self._reduce()
+        began = perf_counter_ns()
+        try:
+            return self._reduce()
+        finally:
+            clock.add(HANDOFF, perf_counter_ns() - began)
+
+    def _reduce(self) -> tuple[Any, ...]:
         crossing = self.crossing
         if crossing is None:
             return (_rebuild_batch, ({field: _portable(v) for field, v in self.items()},))

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from loader.plan.elastic import Pass
+from loader.read.telemetry import PASS_END, ROW, EpochStats, epoch_stats
 
 __all__ = ["MAX_PASSES", "MAX_WORKERS", "Restored", "ResumePoint", "SharedProgress"]
 
@@ -46,6 +49,7 @@ _FIELDS = {
     "restored_slot": MAX_WORKERS,  # per worker: the slot of that position
     "restored_yielded": MAX_WORKERS,  # per worker: the items that slot had yielded
     "restored_world": MAX_WORKERS,  # per worker: the world size that state was saved at
+    "telemetry": (MAX_WORKERS + 1) * ROW,  # per slot: a pass's counters (loader.read.telemetry)
 }
 _AT: dict[str, slice] = {}
 _end = 0
@@ -182,6 +186,41 @@ class SharedProgress:
             Restored(int(slot), int(yielded), bool(end), int(world))
             for slot, yielded, end, world in zip(*columns, strict=True)
         ]
+
+    # --- telemetry (loader.read.telemetry) ---------------------------------------------
+
+    def _telemetry(self) -> npt.NDArray[np.int64]:
+        """The per-slot counter rows, as NumPy over the shared memory (made per call: a view
+        kept here would be pickled by value to the workers)."""
+        rows: npt.NDArray[np.int64] = self._cell.numpy()[_AT["telemetry"]]
+        return rows.reshape(MAX_WORKERS + 1, ROW)
+
+    def telemetry_row(self, worker: int | None, num_workers: int) -> npt.NDArray[np.int64]:
+        """The counter row of a pass starting now in ``worker`` (None: main), of ``num_workers``.
+
+        The rows no slot of this pass writes are cleared first, so the pass's counts are
+        the only ones of its epoch: by the main process (an in-process pass) all the
+        workers' rows; by worker 0 those of workers it does not have and the main row's
+        pass part (the main process's wait is its own).
+        """
+        rows = self._telemetry()
+        if worker is None:
+            rows[:MAX_WORKERS] = 0
+        elif worker == 0:
+            rows[num_workers:MAX_WORKERS] = 0
+            rows[_MAIN, :PASS_END] = 0
+        row: npt.NDArray[np.int64] = rows[self._slot(worker)]
+        return row
+
+    def main_row(self) -> npt.NDArray[np.int64]:
+        """The main process's row (its wait and compute: ``loader.read.telemetry.LoopClock``)."""
+        row: npt.NDArray[np.int64] = self._telemetry()[_MAIN]
+        return row
+
+    def epoch_stats(self) -> EpochStats:
+        """The latest pass's counters, added over its slots, with the main process's wait."""
+        rows = self._telemetry()
+        return epoch_stats(rows, rows[_MAIN])
 
     @staticmethod
     def _slot(worker: int | None) -> int:

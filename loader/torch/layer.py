@@ -11,8 +11,8 @@ in shared memory (``loader.torch.epochs``); and it gives ``len()``, ``set_epoch`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 # torch's DataLoader worker loop seeds numpy.random in every worker it starts (every epoch,
 # unless persistent_workers): imported here, in the parent, the forked workers inherit it
@@ -24,6 +24,7 @@ from loader.errors import IncompatibleStateError, WorldMismatchError
 from loader.plan.elastic import Pass, epoch_batches
 from loader.plan.state import Position, ResumeState, next_position, parse_history, rank_state
 from loader.plan.world import World
+from loader.read.telemetry import EpochStats, Timed
 from loader.torch.batch import POSITION
 from loader.torch.epochs import ResumePoint, SharedProgress
 from loader.torch.guards import check_not_rebatched, check_not_resplit
@@ -31,6 +32,8 @@ from loader.torch.lifeline import freeze_inherited, tie_unpickled, watch_trainer
 from loader.torch.stream import EpochStream
 
 __all__ = ["Stream", "TorchLayer"]
+
+T = TypeVar("T")
 
 
 class Stream(Protocol):
@@ -219,6 +222,31 @@ class TorchLayer(torch.utils.data.IterableDataset[Any]):
         epoch, explicit = self.progress.claim(counter)
         world = World(rank, world_size, worker, num_workers)
         return EpochStream(self, epoch, world, counter, explicit)
+
+    # --- telemetry ----------------------------------------------------------------
+
+    def epoch_stats(self) -> EpochStats:
+        """Where this rank's latest pass spent its time (``loader.read.telemetry``).
+
+        Samples and batches handed out, seconds by stage added over the rank's DataLoader
+        workers (their counters are in shared memory), and the training loop's wait and
+        compute: measured in ``__next__`` with ``num_workers=0``, through ``timed(loader)``
+        with workers (None otherwise). Ask after the epoch's last batch and before the
+        next ``iter()`` of the loader (its workers then start the next pass);
+        ``.as_dict()`` is a flat dict to log.
+        """
+        return self.progress.epoch_stats()
+
+    def timed(self, loader: Iterable[T]) -> Timed[T]:
+        """``loader`` (a DataLoader over this dataset) iterated with the training loop's wait
+        for each batch and the time between batches counted, for ``epoch_stats``.
+
+        With DataLoader workers the main process never calls into the dataset: only
+        around ``next()`` on the loader's iterator is the loop's wait seen. With
+        ``num_workers=0`` the dataset sees it itself and ``loader`` is passed through.
+        """
+        workers = loader.num_workers if isinstance(loader, torch.utils.data.DataLoader) else 1
+        return Timed(loader, self.progress.main_row() if workers > 0 else None)
 
     # --- resume -------------------------------------------------------------------
 

@@ -21,12 +21,15 @@ restore is refused at the first item.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from time import perf_counter_ns
+from typing import Any, Protocol, runtime_checkable
 
 from loader.errors import IncompatibleStateError
 from loader.plan.elastic import Pass
 from loader.plan.state import ResumeState, rank_resume
 from loader.plan.world import World
+from loader.read.telemetry import COMPUTE, FIRST, WAIT, Clock, LoopClock
+from loader.torch.batch import Batch
 from loader.torch.epochs import Restored, ResumePoint, SharedProgress
 
 __all__ = ["EpochStream"]
@@ -42,6 +45,13 @@ class Layer(Protocol):
         self, epoch: int, history: Sequence[Pass], world_size: int, num_workers: int
     ) -> int:
         """Batches a rank takes in ``epoch`` after its earlier passes ``history``."""
+
+
+@runtime_checkable
+class Clocked(Protocol):
+    """A core stream that counts its passes' time (``loader.core.ShardStream.clock``)."""
+
+    clock: Clock
 
 
 class EpochStream:
@@ -81,6 +91,9 @@ class EpochStream:
         self._restored: tuple[int, Restored] | None = None
         # state_dict() runs on every batch: the options part is computed once
         self._options = self._stream.options_fingerprint(world.world_size, world.num_workers)
+        self._clock: Clock | None = None  # this pass's counters (loader.read.telemetry)
+        # in the main process (num_workers=0), the loop's wait is the time in __next__
+        self._loop = LoopClock(layer.progress.main_row()) if counter is None else None
 
     @property
     def epoch(self) -> int:
@@ -91,6 +104,24 @@ class EpochStream:
         return self
 
     def __next__(self) -> Any:
+        loop = self._loop
+        if loop is None:
+            return self._next()
+        # LoopClock.asked and .arrived, inline (once per batch: loader.read.telemetry)
+        asked = perf_counter_ns()
+        cells = loop.cells
+        if loop.last:
+            cells[COMPUTE] += asked - loop.last
+        try:
+            return self._next()
+        finally:
+            now = perf_counter_ns()
+            cells[WAIT] += now - asked
+            if not loop.last:
+                cells[FIRST] = now - loop.started
+            loop.last = now
+
+    def _next(self) -> Any:
         if self._restored is not None:
             self._settle_restore(*self._restored)
             self._restored = None
@@ -98,10 +129,21 @@ class EpochStream:
             slot_world = World(
                 self._world.rank, self._world.world_size, self._slot, self._world.num_workers
             )
+            self._clock = self._start_clock()
             self._items = self._stream.items(self._epoch, slot_world, self._yielded, self._history)
         item = next(self._items)
         self._yielded += 1
+        if self._counter is not None and type(item) is Batch:
+            item.clock = self._clock  # its pickling to the main process is counted (handoff)
         return item
+
+    def _start_clock(self) -> Clock:
+        """This pass's counter row in the dataset's shared memory, given to the stream."""
+        row = self._layer.progress.telemetry_row(self._counter, self._world.num_workers)
+        clock = Clock(row)
+        if isinstance(self._stream, Clocked):
+            self._stream.clock = clock
+        return clock
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: a small JSON-able dict (torchdata calls it on every batch)."""
