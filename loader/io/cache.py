@@ -223,6 +223,7 @@ class ShardCache:
         check_folder(self.folder)  # every path below goes through it
         with _locked(final + LOCK, self.lock_timeout_s):
             pinned, damage = self._open_pinned(final, size, sha256)
+            self._source.counts().cache(hit=pinned is not None)
             if pinned is not None:
                 return pinned
             try:

@@ -46,6 +46,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from time import perf_counter_ns
 from typing import Any, Protocol
 
 from loader.errors import UnreachableError
@@ -128,6 +129,9 @@ class Fetch(Protocol):
     def close(self) -> None:
         """Let go of what it holds open."""
 
+    def waited(self, ns: int) -> None:
+        """A caller waited ``ns`` nanoseconds for bytes (``Source.io_counts``'s ``wait_ns``)."""
+
 
 class RemoteFetch:
     """Ranged GETs of a remote output (``Source.fetch``), through the cache if there is one."""
@@ -151,6 +155,9 @@ class RemoteFetch:
 
     def close(self) -> None:
         pass  # (the cache's pinned files are let go with their groups)
+
+    def waited(self, ns: int) -> None:
+        self._source.counts().waited(ns)
 
     def timeout(self, size: int) -> float:
         extra = 0.0 if self.cache is None else self.cache.lock_timeout_s
@@ -204,6 +211,9 @@ class LocalFetch:
         """Let go of the open shards (each is closed once no read uses it)."""
         with self._lock:
             self._files.clear()
+
+    def waited(self, ns: int) -> None:
+        self._source.counts().waited(ns)
 
     def index(self, shard: int) -> bytes:
         entry = self._manifest.shards[shard]
@@ -462,7 +472,11 @@ class ReadAhead:
         error re-raised as it is."""
         timeout = self._fetch.timeout(size)
         hung = partial(self._fetch.hung, name, timeout)
-        return self._pool.result(job, timeout, hung, f"a read of {name}")
+        began = perf_counter_ns()
+        try:
+            return self._pool.result(job, timeout, hung, f"a read of {name}")
+        finally:
+            self._fetch.waited(perf_counter_ns() - began)
 
 
 def read_ahead(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
@@ -43,7 +44,7 @@ from shardprep.format.errors import ManifestError
 from shardprep.format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from shardprep.format.shardformat import MANIFEST_NAME
 
-__all__ = ["Source", "attempt_deadline_s", "is_transient", "worst_case_s"]
+__all__ = ["IOCounts", "Source", "attempt_deadline_s", "is_transient", "worst_case_s"]
 
 T = TypeVar("T")
 RETRIES = 3  # attempts per read, in all
@@ -61,6 +62,42 @@ _TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
 _HTTP = ("http", "https")
 
 
+IO_KEYS = ("requests", "bytes", "retries", "cache_hits", "cache_misses", "wait_ns")
+
+
+class IOCounts:
+    """One process's I/O counters of a ``Source`` (see :meth:`Source.io_counts`): ints added
+    under a lock, once per request, per cache file acquired, per read-ahead wait."""
+
+    __slots__ = ("_lock", *IO_KEYS)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = self.bytes = self.retries = 0
+        self.cache_hits = self.cache_misses = self.wait_ns = 0
+
+    def add(self, requests: int = 0, received: int = 0, retries: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += received
+            self.retries += retries
+
+    def cache(self, hit: bool) -> None:
+        with self._lock:
+            if hit:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
+
+    def waited(self, ns: int) -> None:
+        with self._lock:
+            self.wait_ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {key: getattr(self, key) for key in IO_KEYS}
+
+
 class Source:
     """Read access to the files of one shardprep output. Holds no open files (picklable)."""
 
@@ -70,6 +107,37 @@ class Source:
         self.protocol = self.root.split("://", 1)[0] if self.remote else "file"
         self.options = remote or RemoteOptions()
         self._backends: dict[tuple[int, bool], backends.Backend] = {}  # (pid, setup) -> backend
+        self._counts: dict[int, IOCounts] = {}  # pid -> this process's counters
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_counts"] = {}  # a lock does not pickle; a process unpickling it counts its own
+        return state
+
+    def counts(self) -> IOCounts:
+        """This process's counters: a process forked from one that counted starts from zero
+        (a fresh lock too: the parent's may have been held by one of its threads at the fork)."""
+        pid = os.getpid()
+        mine = self._counts.get(pid)
+        if mine is None:
+            mine = self._counts.setdefault(pid, IOCounts())  # atomic: one object per process
+        return mine
+
+    def io_counts(self) -> dict[str, int]:
+        """Cumulative I/O counts of this process since the ``Source`` was made (or unpickled,
+        or since this process was forked: a forked DataLoader worker counts its own, from 0).
+
+        ``requests``: GETs and ranged GETs sent to the store (``fetch``, ``fetch_ranges``,
+        ``read_bytes``: every remote read goes through them), retries included; ``bytes``:
+        bytes received in answers that succeeded; ``retries``: attempts made again after a
+        transient error; ``cache_hits``/``cache_misses``: shard and index files the cache
+        (``loader.io.cache``) was asked for that were present / had to be fetched (0 without a
+        cache); ``wait_ns``: nanoseconds the read-ahead's callers waited for bytes
+        (``loader.io.readahead``; local read-ahead too). A local output counts no requests.
+        Not seen: a request aiohttp (fsspec) sends again by itself when a kept-alive connection
+        closes before its answer began. (tested by ``tests/remote/test_io_counts.py``)
+        """
+        return self.counts().as_dict()
 
     def path(self, name: str) -> str:
         """Full path or URL of file ``name`` of the output."""
@@ -160,14 +228,30 @@ class Source:
         if stop <= start:
             return b""
         url, deadline = self.path(name), attempt_deadline_s(self.options, stop - start)
-        return self.call(lambda: self.backend(setup).cat(url, start, stop, deadline), name)
+
+        def attempt() -> bytes:
+            counts = self.counts()
+            counts.add(requests=1)
+            data = self.backend(setup).cat(url, start, stop, deadline)
+            counts.add(received=len(data))
+            return data
+
+        return self.call(attempt, name)
 
     def fetch_ranges(self, name: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """``fetch(name, start, stop)`` for each range, concurrently (fsspec's ``cat_ranges``,
         obstore's ``get_ranges``), under one deadline for their total size, retried as a whole."""
         url = self.path(name)
         deadline = attempt_deadline_s(self.options, sum(b - a for a, b in ranges))
-        return self.call(lambda: self.backend().cat_ranges(url, ranges, deadline), name)
+
+        def attempt() -> list[bytes]:
+            counts = self.counts()
+            counts.add(requests=len(ranges))
+            parts = self.backend().cat_ranges(url, ranges, deadline)
+            counts.add(received=sum(len(p) for p in parts))
+            return parts
+
+        return self.call(attempt, name)
 
     def manifest(self) -> Manifest:
         """Read and validate the output's manifest.
@@ -234,6 +318,7 @@ class Source:
                         f"connect timeout {self.options.connect_timeout_s:g} s, read timeout "
                         f"{self.options.read_timeout_s:g} s, {RETRIES} attempts",
                     ) from err
+                self.counts().add(retries=1)
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError(f"unreachable: {name}")  # pragma: no cover
 
