@@ -242,8 +242,17 @@ class ShardStream:
         """Worker slot ``world.worker``'s items of ``epoch`` after its first ``skip`` ones.
 
         With a ``history`` of earlier passes (elastic resume), the pass streams
-        the rest those passes left, re-split over ``world``.
+        the rest those passes left, re-split over ``world``. A URL's requests, bytes and
+        waits in the pass are counted when it ends (``loader.read.telemetry``).
         """
+        clock = self.clock
+        counted = self.source if self.source.remote and isinstance(self.source, CountsIO) else None
+        before = counted.io_counts() if counted is not None else {}
+        yield from self._pass(epoch, world, skip, history)
+        if counted is not None:  # (not in a finally: a pass left mid-way has no epoch count)
+            clock.io_since(before, counted.io_counts())
+
+    def _pass(self, epoch: int, world: World, skip: int, history: Sequence[Pass]) -> Iterator[Any]:
         clock = self.clock
         began = perf_counter_ns()
         clock.start(epoch)
@@ -271,8 +280,6 @@ class ShardStream:
         reader = self.reader(
             epoch, BufferPool(), plan, True, unread=gather, alone=alone, clock=clock
         )
-        counted = self.source if self.source.remote and isinstance(self.source, CountsIO) else None
-        io_before = counted.io_counts() if counted is not None else None
         clock.add(PLAN, perf_counter_ns() - began)
         try:
             # → windows read in turn, each emitted in a seeded order
@@ -326,8 +333,6 @@ class ShardStream:
                 yield made
         finally:
             reader.close()
-            if counted is not None and io_before is not None:
-                clock.io_since(io_before, counted.io_counts())
 
     def _pieces(self, epoch: int, world: World, history: Sequence[Pass]) -> list[SampleRange]:
         """This (rank, slot)'s ranges of the pass's sequence, in stream order.
@@ -508,10 +513,14 @@ def _single(
     if decoder is not None:
         samples = map(decoder, samples)
     items: Iterator[Any] = samples if transform is None else map(transform, samples)
+    # the row's cells and indexes held here: the finally may run at interpreter exit (a script
+    # that ends mid-epoch), when this module's globals are already gone
+    cells, at_samples, at_batches = clock.cells, SAMPLES, BATCHES
     handed = 0
     try:
         for item in items:
             handed += 1
             yield item
     finally:
-        clock.count(handed, handed)
+        cells[at_samples] += handed
+        cells[at_batches] += handed
