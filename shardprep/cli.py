@@ -454,6 +454,81 @@ def example(raw: str, samples: int, classes: int, seed: int) -> None:
     click.echo(f"wrote {sum(counts)} samples in {len(counts)} class folders to {raw}: {counts}")
 
 
+def _workers_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    from shardprep.cli_bench import default_workers, parse_workers
+
+    if value is None:
+        return default_workers()
+    try:
+        return parse_workers(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param=param) from err
+
+
+@cli.command("bench")
+@click.argument("out", callback=_output_path)
+@click.option(
+    "--workers",
+    callback=_workers_option,
+    metavar="N,N,...",
+    help="DataLoader worker counts to try, comma-separated  [default: 0 and the CPU count]",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--epochs", type=click.IntRange(min=1), default=2, show_default=True, help="Per worker count."
+)
+@click.option(
+    "--decode", is_flag=True, help="Decode members (images, .cls, .npy) as training would."
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    help="A URL OUT: cache whole shards here (RemoteOptions.cache_dir).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (a list).")
+@_READ_STORAGE_OPTION
+def bench_command(
+    out: str,
+    workers: tuple[int, ...],
+    batch_size: int,
+    epochs: int,
+    decode: bool,
+    cache_dir: str | None,
+    as_json: bool,
+    storage_options: dict[str, Any] | None,
+) -> None:
+    """Read OUT as training would, per worker count: speed and where the time goes.
+
+    Prints per worker count samples/s, MB/s (shard bytes), the time to the first batch, the
+    seconds per epoch of each stage (added over workers), for a URL the requests, bytes and
+    cache hit rate per epoch, and which worker count to use. Progress goes to stderr.
+    """
+    from shardprep.cli_bench import BenchOptions, bench, format_results, pick
+
+    if cache_dir is not None and not is_url(out):
+        raise click.BadParameter(
+            "only for a URL OUT (a local output is read in place)", param_hint="--cache-dir"
+        )
+    options = BenchOptions(
+        workers=workers,
+        batch_size=batch_size,
+        epochs=epochs,
+        decode=decode,
+        cache_dir=cache_dir,
+        storage_options=storage_options or {},
+    )
+    results = _run(lambda: bench(out, options, lambda line: click.echo(line, err=True)))
+    if as_json:
+        chosen, why = pick(results)
+        for r in results:
+            r["picked"] = r["workers"] == chosen
+        click.echo(json.dumps(results, indent=1))
+        click.echo(f"pick: {chosen} workers: {why}", err=True)
+    else:
+        click.echo(format_results(results))
+
+
 class _OwnProcess:
     """click context object that :func:`main` sets: the CLI owns the process and exits after
     the command, so a command may change process-wide state such as signal handlers (not under
