@@ -65,7 +65,6 @@ from loader.read.telemetry import (
     SAMPLES,
     STAGE0,
     Clock,
-    CountsIO,
     EpochStats,
 )
 from shardprep.format.manifest import Manifest
@@ -246,11 +245,11 @@ class ShardStream:
         waits in the pass are counted when it ends (``loader.read.telemetry``).
         """
         clock = self.clock
-        counted = self.source if self.source.remote and isinstance(self.source, CountsIO) else None
-        before = counted.io_counts() if counted is not None else {}
+        remote = self.source.remote  # (a local output has no requests to count)
+        before = self.source.io_counts() if remote else {}
         yield from self._pass(epoch, world, skip, history)
-        if counted is not None:  # (not in a finally: a pass left mid-way has no epoch count)
-            clock.io_since(before, counted.io_counts())
+        if remote:  # (not in a finally: a pass left mid-way has no epoch count)
+            clock.io_since(before, self.source.io_counts())
 
     def _pass(self, epoch: int, world: World, skip: int, history: Sequence[Pass]) -> Iterator[Any]:
         clock = self.clock

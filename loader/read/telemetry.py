@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +43,6 @@ __all__ = [
     "ROW",
     "STAGES",
     "Clock",
-    "CountsIO",
     "EpochStats",
     "Timed",
     "epoch_stats",
@@ -66,15 +65,6 @@ ROW = PASS_END + 4
 
 Row = npt.NDArray[np.int64]
 T = TypeVar("T")
-
-
-@runtime_checkable
-class CountsIO(Protocol):
-    """What telemetry reads of a remote source (``loader.io.source.Source``): its cumulative
-    counters in this process (``requests``, ``bytes``, ``retries``, ``cache_hits``,
-    ``cache_misses``, ``wait_ns``)."""
-
-    def io_counts(self) -> dict[str, int]: ...
 
 
 class Clock:
