@@ -45,3 +45,32 @@ def test_an_epochs_requests_and_bytes_are_what_the_server_saw(
             assert (stats.io["requests"], stats.io["bytes"], stats.io["cache_misses"]) == (0, 0, 0)
             assert stats.io["cache_hits"] >= len(shards)
         assert stats.as_dict()["io_requests"] == stats.io["requests"]
+
+
+def test_bench_of_a_url_reports_the_requests_the_server_saw(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str], tmp_path: Path
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from shardprep.cli import cli
+
+    options = s3.storage_options(proxy.endpoint)
+    args = ["bench", uploaded["tar"], "--workers", "0", "--epochs", "2", "--batch-size", "8"]
+    for key, value in options.items():
+        args += ["--storage-option", f"{key}={json.dumps(value)}"]
+    read = ReadOptions(remote=RemoteOptions(storage_options=options))
+    shards = ShardDataset(uploaded["tar"], read=read).manifest.shards
+    before = len(proxy.requests)
+    result = CliRunner().invoke(cli, [*args, "--cache-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    (r,) = json.loads(result.stdout)
+    epochs = 2 * len(shards)  # epoch 1: every shard and index into the cache; epoch 2: none
+    assert r["samples_per_epoch"] == 103
+    assert r["requests_per_epoch"] == epochs / 2
+    assert gets(proxy, before) == 1 + epochs  # the bench's manifest, then its epochs
+    assert r["bytes_per_epoch"] == sum(s.num_bytes + s.index_bytes for s in shards) / 2
+    assert r["retries_per_epoch"] == 0
+    assert r["cache_hit_rate"] > 0  # the second epoch's files all came from the cache
+    assert r["stages"]["network"] > 0
