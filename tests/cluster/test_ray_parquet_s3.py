@@ -22,7 +22,7 @@ from tests.integration.test_parquet_input import write_parquet
 from tests.processes import run_bounded
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow  # a real Ray cluster per test: seconds
+pytestmark = pytest.mark.slow  # a real Ray cluster per module: seconds
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("pyarrow")

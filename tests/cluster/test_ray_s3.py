@@ -1,6 +1,6 @@
 """--engine ray on a multi-node local Ray cluster into S3 (moto), with no shared staging.
 
-Each test starts a real ``ray.cluster_utils.Cluster``: a head with no CPUs (the drivers join
+The module starts a real ``ray.cluster_utils.Cluster`` (its tests share it): a head with no CPUs (the drivers join
 it; no task runs there) and two worker nodes of 1 CPU, each with a TMPDIR of its own, so a
 shard staged on a node is visibly not on the driver's disk. Builds run as CLI driver
 processes in their own session (``tests.cluster.hooks`` records where each write task ran,
@@ -73,16 +73,22 @@ class Nodes:
     tmp: dict[str, Path]  # node id -> that node's TMPDIR
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    """A head (0 CPUs) and two 1-CPU worker nodes, shut down whatever happens."""
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    """A head (0 CPUs) and two 1-CPU worker nodes, shut down whatever happens.
+
+    One cluster per module (starting one costs 5-10 s on 2 cores): each test's driver is a new
+    Ray job, each build writes under its own bucket or folder, and a test that takes a node
+    away (``test_a_node_removed_mid_write_gives_the_same_objects``) comes last in its module.
+    """
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
     )
     try:
         workers, tmps = {}, {}
+        base = tmp_path_factory.mktemp("nodes")
         for name in ("node-a", "node-b"):
-            tmp = tmp_path / f"{name}-tmp"
+            tmp = base / f"{name}-tmp"
             tmp.mkdir()
             node = cluster.add_node(num_cpus=1, env_vars={"TMPDIR": str(tmp)})
             workers[node.node_id] = node
