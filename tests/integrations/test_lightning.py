@@ -19,7 +19,7 @@ from loader import ShardDataset
 from loader.torch.batch import POSITION
 from tests.integrations.conftest import ODD_SAMPLES
 from tests.integrations.jobs import python_job, read_ranks, run_job
-from tests.integrations.lightning_recorder import (
+from tests.integrations.lightning_fits import (
     BATCH_SIZE,
     CHAIN_STOP,
     DATASET_OPTIONS,
