@@ -95,17 +95,16 @@ def stateful_pass(
     return result
 
 
-def stateful_passes(
+def run_passes(
     rank: int, world_size: int, out: str, passes: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """``stateful_pass`` once per keyword set of ``passes``, in turn on the same ranks (each with
-    its own dataset and loader): one start of the ranks serves several resumes at one world."""
-    return [stateful_pass(rank, world_size, out, **options) for options in passes]
-
-
-def elastic_passes(
-    rank: int, world_size: int, out: str, passes: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """``elastic_pass`` once per keyword set of ``passes``, in turn on the same ranks (each with
-    its own dataset and loader): one start of the ranks serves several cases at one world."""
-    return [elastic_pass(rank, world_size, out, **options) for options in passes]
+    """One pass per keyword set of ``passes``, in turn on the same ranks (each with its own
+    dataset and loader): ``kind="elastic"`` runs :func:`elastic_pass`, ``"stateful"``
+    :func:`stateful_pass`. One start of the ranks serves every case at its world size."""
+    kinds = {"elastic": elastic_pass, "stateful": stateful_pass}
+    results = []
+    for options in passes:
+        options = dict(options)
+        run: Any = kinds[options.pop("kind")]
+        results.append(run(rank, world_size, out, **options))
+    return results

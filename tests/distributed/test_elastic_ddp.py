@@ -10,12 +10,7 @@ import pytest
 
 from loader.core import ShardStream
 from loader.plan.elastic import pass_share
-from tests.distributed.elastic_ranks import (
-    OPTIONS,
-    elastic_passes,
-    stateful_pass,
-    stateful_passes,
-)
+from tests.distributed.elastic_ranks import OPTIONS, run_passes
 from tests.distributed.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -32,34 +27,70 @@ class Case(NamedTuple):
 
 SHRINK = Case((4, 2), (3, 1), "pad", 2)
 GROW = Case((2, 0), (4, 2), "drop", 3)
+STATEFUL_STOP = 2  # the StatefulDataLoader passes at 4 ranks x 2 workers stop after 2 batches
+# the StatefulDataLoader state resumed at (ranks, workers, how): through ds.resume (torchdata
+# restores its own num_workers only) or through the loader's own load_state_dict
+STATEFUL_RESUMES = [(3, 1, "resume"), (3, 2, "load"), (2, 0, "resume")]
 
 
-def test_elastic_resume_on_real_ranks(built: Path, tmp_path: Path) -> None:
-    """Both cases, on three starts of the ranks instead of four: GROW's 2 ranks stop; SHRINK's
-    4 ranks stop and GROW's resume at 4 ranks on the same start; SHRINK's 3 ranks resume."""
-    out = str(built)
-    for name in ("2", "4", "3"):
-        (tmp_path / name).mkdir()
+@pytest.fixture(scope="module")
+def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    """Both tests' passes on four starts of the ranks instead of six (a rank start costs seconds
+    on 2 cores): at 2 ranks GROW stops; at 4 SHRINK and the StatefulDataLoader stop and GROW
+    resumes; at 3 SHRINK and two StatefulDataLoader states resume; at 2 the last one does.
+    Each pass has its own dataset and loader. Per pass, the results of its ranks."""
+    out, base = str(built), tmp_path_factory.mktemp("elastic")
+    found: dict[str, list[Any]] = {}
+
+    def start(world: int, named: dict[str, dict[str, Any]]) -> None:
+        folder = base / f"start-{len(found)}-at-{world}"
+        folder.mkdir()
+        results = run_ranks(run_passes, world, folder, out=out, passes=list(named.values()))
+        for number, name in enumerate(named):
+            found[name] = [r[number] for r in results]
 
     def stop(case: Case) -> dict[str, Any]:
-        return {"uneven": case.uneven, "workers": case.old[1], "stop": case.stop}
+        return {"kind": "elastic", "uneven": case.uneven, "workers": case.old[1], "stop": case.stop}
 
     def resume(case: Case, first: list[Any]) -> dict[str, Any]:
         states = [r["state"] for r in first]
         assert all(s == states[0] for s in states) and states[0]["batches"] == case.stop
-        return {"uneven": case.uneven, "workers": case.new[1], "state": states[0]}
+        return {
+            "kind": "elastic",
+            "uneven": case.uneven,
+            "workers": case.new[1],
+            "state": states[0],
+        }
 
-    grow_first = [r[0] for r in run_ranks(elastic_passes, 2, tmp_path / "2", out=out,
-                                          passes=[stop(GROW)])]  # fmt: skip
-    # one start at 4 ranks: SHRINK's interrupted pass, then GROW's resumed one
-    at4 = run_ranks(
-        elastic_passes, 4, tmp_path / "4", out=out, passes=[stop(SHRINK), resume(GROW, grow_first)]
+    def stateful(world: int, workers: int, how: str) -> dict[str, Any]:
+        state = found["stateful-first"][0]["state"]
+        return {"kind": "stateful", "workers": workers, "state": state, "how": how}
+
+    start(2, {"grow-first": stop(GROW)})
+    start(
+        4,
+        {
+            "shrink-first": stop(SHRINK),
+            "grow-second": resume(GROW, found["grow-first"]),
+            "stateful-first": {"kind": "stateful", "workers": 2, "stop": STATEFUL_STOP},
+        },
     )
-    shrink_first, grow_second = [r[0] for r in at4], [r[1] for r in at4]
-    shrink_second = [r[0] for r in run_ranks(elastic_passes, 3, tmp_path / "3", out=out,
-                                             passes=[resume(SHRINK, shrink_first)])]  # fmt: skip
-    _check_resumed(out, SHRINK, shrink_first, shrink_second)
-    _check_resumed(out, GROW, grow_first, grow_second)
+    start(
+        3,
+        {
+            "shrink-second": resume(SHRINK, found["shrink-first"]),
+            **{f"stateful-{w}x{k}": stateful(w, k, how) for w, k, how in STATEFUL_RESUMES[:2]},
+        },
+    )
+    start(2, {f"stateful-{w}x{k}": stateful(w, k, how) for w, k, how in STATEFUL_RESUMES[2:]})
+    return found
+
+
+def test_elastic_resume_on_real_ranks(built: Path, runs: dict[str, list[Any]]) -> None:
+    """Stopped at 4 x 2 and resumed at 3 x 1 (pad); stopped at 2 x 0 and resumed at 4 x 2 (drop)."""
+    out = str(built)
+    _check_resumed(out, SHRINK, runs["shrink-first"], runs["shrink-second"])
+    _check_resumed(out, GROW, runs["grow-first"], runs["grow-second"])
 
 
 def _check_resumed(out: str, case: Case, first: list[Any], second: list[Any]) -> None:
@@ -91,32 +122,24 @@ def _check_resumed(out: str, case: Case, first: list[Any], second: list[Any]) ->
 
 
 def test_statefuldataloader_states_resume_at_other_worlds_on_real_ranks(
-    built: Path, tmp_path: Path
+    runs: dict[str, list[Any]],
 ) -> None:
     """torchdata states saved at 4 ranks x 2 workers, resumed at 3 x 1 and 2 x 0 (through
     ds.resume: torchdata restores its own num_workers only) and at 3 x 2 (through the
     StatefulDataLoader's own load_state_dict): every sample of the epoch once, equal steps."""
-    total, out, stop = 103, str(built), 2
-    (tmp_path / "old").mkdir()
-    first = run_ranks(stateful_pass, 4, tmp_path / "old", out=out, workers=2, stop=stop)
+    total, stop = 103, STATEFUL_STOP
+    first = runs["stateful-first"]
     before = [k for r in first for b in r["batches"] for k in b]
     assert len(before) == 4 * stop * OPTIONS["batch_size"] and len(set(before)) == len(before)
     assigned = total - total % 4  # uneven="drop"
     rest = assigned - len(before)
-    state = first[0]["state"]
-    worlds = {3: [(1, "resume"), (2, "load")], 2: [(0, "resume")]}  # one start per world
-    for world, resumes in worlds.items():
-        folder = tmp_path / f"new-{world}"
-        folder.mkdir()
-        passes = [{"workers": workers, "state": state, "how": how} for workers, how in resumes]
-        results = run_ranks(stateful_passes, world, folder, out=out, passes=passes)
-        for number, (workers, _) in enumerate(resumes):
-            second = [r[number] for r in results]
-            after = [k for r in second for b in r["batches"] for k in b]
-            share = pass_share(rest, world, "drop")
-            assert [sum(map(len, r["batches"])) for r in second] == [share] * world
-            real = Counter(before + after)
-            assert max(real.values()) == 1, f"a sample was streamed twice ({world} x {workers})"
-            assert len(real) == assigned - (rest - share * world)
-            for r in second:  # the batches arrive in their order, whatever the new num_workers
-                assert r["positions"] == list(range(len(r["positions"])))
+    for world, workers, _ in STATEFUL_RESUMES:
+        second = runs[f"stateful-{world}x{workers}"]
+        after = [k for r in second for b in r["batches"] for k in b]
+        share = pass_share(rest, world, "drop")
+        assert [sum(map(len, r["batches"])) for r in second] == [share] * world
+        real = Counter(before + after)
+        assert max(real.values()) == 1, f"a sample was streamed twice ({world} x {workers})"
+        assert len(real) == assigned - (rest - share * world)
+        for r in second:  # the batches arrive in their order, whatever the new num_workers
+            assert r["positions"] == list(range(len(r["positions"])))
