@@ -319,6 +319,12 @@ def workers(url: str, spec: dict[str, Any], context: str, first: bool) -> dict[s
     return {**json.loads(result.stdout), "stderr": result.stderr}
 
 
+@pytest.fixture(scope="module")
+def local_reference(built_zstd: Path) -> dict[str, Any]:
+    """What 2 forked workers read from the local build (one run for the module's cases)."""
+    return workers(str(built_zstd), {}, "fork", False)
+
+
 @pytest.mark.parametrize(
     ("context", "first", "obstore"),
     [("fork", False, True), ("fork", True, False), ("forkserver", True, True)],
@@ -328,13 +334,13 @@ def test_workers_read_with_obstore_unless_forked_from_a_process_that_did(
     s3: S3Server,
     proxy: Proxy,
     uploaded: dict[str, str],
-    built_zstd: Path,
+    local_reference: dict[str, Any],
     context: str,
     first: bool,
     obstore: bool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    reference = workers(str(built_zstd), {}, "fork", False)
+    reference = local_reference
     assert reference["count"] == 1001
     spec = {"storage_options": s3.storage_options(proxy.endpoint)}
     got = workers(uploaded["zstd"], spec, context, first)
