@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.utils.data
 
 from loader import ShardDataset
 from tests.distributed.harness import run_ranks
-from tests.distributed.ranks import OPTIONS, built_before_group, train_like
+from tests.distributed.ranks import OPTIONS, before_group_then_train_like, train_like
 
 pytestmark = pytest.mark.distributed
 
@@ -21,11 +22,32 @@ def _flat(batches: list[list[list[object]]]) -> list[list[object]]:
     return [pair for batch in batches for pair in batch]
 
 
+@pytest.fixture(scope="module")
+def three_ranks(
+    built: Path, built_zstd: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[dict[str, Any]]]:
+    """One start of 3 ranks for two tests: a dataset made before the process group (over
+    ``built``), then ``train_like`` over ``built_zstd`` with uneven="drop". Per part, by rank."""
+    folder = tmp_path_factory.mktemp("three-ranks")
+    results = run_ranks(
+        before_group_then_train_like,
+        3,
+        folder,
+        before=str(built),
+        out=str(built_zstd),
+        uneven="drop",
+    )
+    return {part: [r[part] for r in results] for part in ("before_group", "train_like")}
+
+
 @pytest.mark.parametrize(("world_size", "uneven"), [(3, "drop"), (4, "pad")])
 def test_ranks_get_equal_disjoint_shares(
-    built_zstd: Path, tmp_path: Path, world_size: int, uneven: str
+    built_zstd: Path, tmp_path: Path, world_size: int, uneven: str, request: pytest.FixtureRequest
 ) -> None:
-    results = run_ranks(train_like, world_size, tmp_path, out=str(built_zstd), uneven=uneven)
+    if (world_size, uneven) == (3, "drop"):  # its ranks also run the next test's passes
+        results = request.getfixturevalue("three_ranks")["train_like"]
+    else:
+        results = run_ranks(train_like, world_size, tmp_path, out=str(built_zstd), uneven=uneven)
     total = 1001
     per_rank = total // world_size if uneven == "drop" else -(-total // world_size)
     assert [r["num_samples"] for r in results] == [per_rank] * world_size
@@ -68,13 +90,12 @@ def test_ranks_get_equal_disjoint_shares(
 
 
 def test_dataset_made_before_the_process_group_splits_by_its_final_rank(
-    built: Path, tmp_path: Path
+    three_ranks: dict[str, list[dict[str, Any]]],
 ) -> None:
-    results = run_ranks(built_before_group, 2, tmp_path, out=str(built))
-    assert [r["rank"] for r in results] == [0, 1]
+    results = three_ranks["before_group"]
+    assert [r["rank"] for r in results] == [0, 1, 2]
     for epoch in (0, 1):
-        halves = [[k for b in r["epochs"][epoch] for k, _ in b] for r in results]
-        assert len(halves[0]) == len(halves[1]) == 51  # 103 // 2; one dropped
-        assert not set(halves[0]) & set(halves[1])
-        assert len(set(halves[0]) | set(halves[1])) == 102
+        thirds = [[k for b in r["epochs"][epoch] for k, _ in b] for r in results]
+        assert [len(t) for t in thirds] == [34] * 3  # 103 // 3; one dropped
+        assert len(set().union(*thirds)) == 102  # disjoint: 3 x 34 distinct keys
     assert results[0]["epochs"][0] != results[0]["epochs"][1], "persistent workers, epoch 2"
