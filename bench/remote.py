@@ -22,6 +22,8 @@ round-robin over all of them (``--repeats`` rounds; median and min–max):
   ``shardprep fsspec``: ``RemoteOptions(backend="fsspec")``;
 * ``shardprep 8x8MiB`` (only when ``--systems`` names it): read-ahead with the defaults
   before 16 x 4 MiB (``RemoteOptions(request_bytes=8 MiB, max_requests=8)``), for the A/B;
+* ``shardprep 64MiB`` (only when named): ``read_ahead_bytes=64 MiB``, the default before
+  issue 38 (16 requests of 4 MiB in process; in 2 workers the same as today's default);
 * ``local``: shardprep over the same build on local disk.
 
 MB/s counts payload bytes for every row. Results: ``WORK/remote-results.json``
@@ -47,7 +49,10 @@ SHARDS = 16
 BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData optimize w1"}
 # RemoteOptions of A/B rows, run only when --systems names them: the read-ahead defaults before
 # this change (8 requests of 8 MiB in the 64 MiB budget) against today's (16 of 4 MiB)
-OPTIONS = {"shardprep 8x8MiB": {"request_bytes": 8 << 20, "max_requests": 8}}
+OPTIONS = {
+    "shardprep 8x8MiB": {"request_bytes": 8 << 20, "max_requests": 8},
+    "shardprep 64MiB": {"read_ahead_bytes": 64 << 20},
+}
 BACKENDS = {
     "shardprep": "auto",
     "shardprep fsspec": "fsspec",
@@ -61,7 +66,8 @@ LABELS = {
     "local": "shardprep, same build on local disk",
     "shardprep": "shardprep `ShardDataset(batch_size=64)`, read-ahead (obstore)",
     "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
-    "shardprep 8x8MiB": "shardprep, read-ahead, 8 requests of 8 MiB (the defaults before)",
+    "shardprep 8x8MiB": "shardprep, read-ahead, 8 requests of 8 MiB (the defaults before issue 20)",
+    "shardprep 64MiB": "shardprep, read-ahead, `read_ahead_bytes=64 MiB` (the default before issue 38)",
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "shardprep cache fsspec": 'shardprep, read-ahead + `cache_dir`, `backend="fsspec"`',
     "mds": "MosaicML StreamingDataset (remote → local)",
@@ -317,7 +323,7 @@ def ratios(rows: dict[str, Any]) -> list[str]:
         r = rows.get(key)
         return None if r is None or "error" in r else float(r["mb_s"])
 
-    for system in ("shardprep", "shardprep fsspec", "shardprep 8x8MiB"):
+    for system in ("shardprep", "shardprep fsspec", "shardprep 8x8MiB", "shardprep 64MiB"):
         for other, label in (
             ("litdata | w{w} | epoch 1", "LitData"),
             ("floor | w0", "floor (s3fs)"),

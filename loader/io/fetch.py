@@ -54,8 +54,9 @@ class Backend(Protocol):
 
     name: str
 
-    def cat(self, url: str, start: int, stop: int, deadline_s: float) -> bytes:
-        """Bytes ``[start, stop)`` of ``url``; fewer where it ends, ``b""`` past its end."""
+    def cat(self, url: str, start: int, stop: int, deadline_s: float) -> bytes | memoryview:
+        """Bytes ``[start, stop)`` of ``url``; fewer where it ends, none past its end (a view
+        where the client's buffer is handed over without a copy)."""
 
     def cat_ranges(self, url: str, ranges: list[tuple[int, int]], deadline_s: float) -> list[bytes]:
         """``cat`` of each range, concurrently, within one deadline (they share the link)."""

@@ -249,16 +249,17 @@ class ObstoreBackend:
         self._config: dict[str, Any] = translated["config"]
         self._client: dict[str, Any] = client
 
-    def cat(self, url: str, start: int, stop: int, deadline_s: float) -> bytes:
-        """Bytes ``[start, stop)`` of ``url`` (fewer where the object ends, none past it)."""
+    def cat(self, url: str, start: int, stop: int, deadline_s: float) -> memoryview:
+        """Bytes ``[start, stop)`` of ``url`` (fewer where the object ends, none past it): a
+        read-only view of the body obstore received (not copied)."""
         store, key = self._store(url)
         try:
-            return bytes(
+            return memoryview(
                 _run(lambda: obstore.get_range_async(store, key, start=start, end=stop), deadline_s)
             )
         except Exception as err:
             if _past_the_end(err):
-                return b""
+                return memoryview(b"")
             raise _mapped(err, url, deadline_s) from err
 
     def cat_ranges(self, url: str, ranges: list[tuple[int, int]], deadline_s: float) -> list[bytes]:
@@ -279,7 +280,7 @@ class ObstoreBackend:
             return [bytes(part) for part in _run(get, deadline_s)]
         except Exception as err:
             if _past_the_end(err):
-                return [self.cat(url, a, b, deadline_s) for a, b in ranges]
+                return [bytes(self.cat(url, a, b, deadline_s)) for a, b in ranges]
             raise _mapped(err, url, deadline_s) from err
 
     def _store(self, url: str) -> tuple[Any, str]:

@@ -32,13 +32,16 @@ class RemoteOptions:
     read next, ``max_requests`` ranged requests of at most ``request_bytes``
     in flight, holding at most ``read_ahead_bytes`` fetched ahead of what it
     is reading (0 turns read-ahead off: one synchronous read per window).
-    ``max_requests=None`` (the default) keeps 16 requests in flight per
-    DataLoader, split between its workers (at least 4 each), each of at most
-    ``read_ahead_bytes`` over that count (and ``request_bytes``): 16 of 4 MiB
-    in process, 8 of 8 MiB in each of 2 workers. Object stores pace each
-    connection, so the connections in flight set the throughput of a node,
-    and the budget is spent on as many of them as it holds
-    (``loader.io.readahead.concurrency``; docs/benchmarks-remote.md).
+    ``read_ahead_bytes=None`` (the default) is 128 MiB per DataLoader, split
+    between its workers (at least 64 MiB each): 128 MiB in process, 64 MiB in
+    each of 2 or more workers. ``max_requests=None`` (the default) keeps 16
+    requests in flight per DataLoader, split between its workers (at least 4
+    each), each of at most the budget over that count (and ``request_bytes``):
+    16 of 8 MiB in process, 8 of 8 MiB in each of 2 workers. Object stores pace
+    each connection, so the connections in flight set the throughput of a
+    node, and the budget is spent on as many of them as it holds; every request
+    costs the store (and the bill) too, so they are as large as the budget
+    allows (``loader.io.readahead.concurrency``; docs/benchmarks-remote.md).
 
     Cache (``loader.io.cache``): with ``cache_dir``, whole shards and their
     indexes are kept there, shared safely by every worker and rank of a
@@ -55,7 +58,7 @@ class RemoteOptions:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    read_ahead_bytes: int = 64 << 20
+    read_ahead_bytes: int | None = None
     request_bytes: int = 8 << 20
     max_requests: int | None = None
     cache_dir: str | None = None
@@ -68,12 +71,13 @@ class RemoteOptions:
         if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
             raise ValueError("connect_timeout_s and read_timeout_s must be positive")
         if (
-            self.read_ahead_bytes < 0
+            (self.read_ahead_bytes is not None and self.read_ahead_bytes < 0)
             or self.request_bytes < 1
             or (self.max_requests is not None and self.max_requests < 1)
         ):
             raise ValueError(
-                "read_ahead_bytes must be >= 0 (0: no read-ahead), request_bytes >= 1 and "
+                "read_ahead_bytes must be >= 0 (0: no read-ahead; None: 128 MiB per DataLoader), "
+                "request_bytes >= 1 and "
                 "max_requests >= 1 (or None: 16 per DataLoader, split between its workers)"
             )
         if self.cache_limit is not None and self.cache_limit < 1:

@@ -13,8 +13,9 @@ without read-ahead. What changes between outputs is a ``Fetch`` and a ``Pace``:
 
 - **remote** (``RemoteFetch``): a part is one ranged GET (``Source.fetch``: retried,
   deadlines); with ``max_requests=None``, 16 requests per DataLoader split between its
-  workers, the budget divided between them: 16 of 4 MiB in process, 8 of 8 MiB in 2 workers
-  (``concurrency``). With a cache (``loader.io.cache``), a group's job makes its shard present
+  workers, the budget (``read_ahead_bytes=None``: 128 MiB per DataLoader, at least 64 MiB per
+  worker, ``ahead_bytes``) divided between them: 16 of 8 MiB in process, 8 of 8 MiB in each of
+  2 workers (``concurrency``). With a cache (``loader.io.cache``), a group's job makes its shard present
   in the cache (downloaded whole, once per node) and pins it; reads are then ``pread`` calls on
   the cached file.
 - **local** (``LocalFetch``): a part is one ``os.preadv`` of the shard file (it releases the
@@ -58,7 +59,15 @@ from loader.io.source import Source, worst_case_s
 from loader.plan.reads import Group, Read, ReadPlan, Spans, plan_groups
 from shardprep.format.manifest import Manifest
 
-__all__ = ["LocalFetch", "Pace", "ReadAhead", "RemoteFetch", "concurrency", "read_ahead"]
+__all__ = [
+    "LocalFetch",
+    "Pace",
+    "ReadAhead",
+    "RemoteFetch",
+    "ahead_bytes",
+    "concurrency",
+    "read_ahead",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,8 @@ INDEX_AHEAD = 4  # index files fetched ahead of the shards being planned
 AUTO_REQUESTS = 16  # max_requests=None: requests in flight per DataLoader, split between workers
 MIN_AUTO_REQUESTS = 4  # ... and at least this many per worker
 MIN_AUTO_REQUEST_BYTES = 1 << 20  # ... of at least this size (or request_bytes when smaller)
+AUTO_AHEAD_BYTES = 128 << 20  # read_ahead_bytes=None: per DataLoader, split between workers
+MIN_AUTO_AHEAD_BYTES = 64 << 20  # ... and at least this much per worker
 WAIT_SLACK_S = 5.0  # beyond a fetch's own worst case, so that its error (naming why) comes first
 LOCAL_WAIT_S = 300.0  # a local read this slow is a hung file system: say so, don't wait forever
 LOCAL_PART_BYTES = 4 << 20  # a local group is read in parts this large at most
@@ -83,20 +94,30 @@ class Pace:
     request_bytes: int
 
 
+def ahead_bytes(options: RemoteOptions, workers: int) -> int:
+    """One worker's read-ahead budget, of ``workers``: ``read_ahead_bytes``, or for ``None``
+    ``AUTO_AHEAD_BYTES`` split between the workers (at least ``MIN_AUTO_AHEAD_BYTES`` each):
+    a node reads ahead the same whatever its worker count (in process too)."""
+    if options.read_ahead_bytes is not None:
+        return options.read_ahead_bytes
+    return max(MIN_AUTO_AHEAD_BYTES, AUTO_AHEAD_BYTES // max(1, workers))
+
+
 def concurrency(options: RemoteOptions, workers: int) -> tuple[int, int]:
     """(requests in flight, bytes per request) of one worker's read-ahead, of ``workers``.
 
     ``max_requests`` given: it and ``request_bytes``, per worker. ``None``: ``AUTO_REQUESTS``
-    split between the workers (at least ``MIN_AUTO_REQUESTS`` each), each request at most
-    ``read_ahead_bytes`` over that count (not under ``MIN_AUTO_REQUEST_BYTES``): the budget is
-    spent on as many connections as it holds (a paced link gives each connection its share;
-    one process alone needs more of them), and workers together keep the node's count (fewer,
-    larger requests each).
+    split between the workers (at least ``MIN_AUTO_REQUESTS`` each), each request at most the
+    budget (:func:`ahead_bytes`) over that count (not under ``MIN_AUTO_REQUEST_BYTES``): the
+    budget is spent on as many connections as it holds (a paced link gives each connection its
+    share; one process alone needs more of them), and workers together keep the node's count
+    (fewer, larger requests each). With the defaults: 16 of 8 MiB in process, 8 of 8 MiB in
+    each of 2 workers (the same 16 connections and request size per node).
     """
     if options.max_requests is not None:
         return options.max_requests, options.request_bytes
     requests = max(MIN_AUTO_REQUESTS, AUTO_REQUESTS // max(1, workers))
-    share = max(MIN_AUTO_REQUEST_BYTES, options.read_ahead_bytes // requests)
+    share = max(MIN_AUTO_REQUEST_BYTES, ahead_bytes(options, workers) // requests)
     return requests, min(options.request_bytes, share)
 
 
@@ -149,7 +170,7 @@ class RemoteFetch:
                 return cached  # type: ignore[no-any-return]
         return self._source.read_bytes(entry.index_file, limit=entry.index_bytes)
 
-    def part(self, shard: int, start: int, stop: int) -> bytes:
+    def part(self, shard: int, start: int, stop: int) -> bytes | memoryview:
         name = self._manifest.shards[shard].file
         return self._source.fetch(name, start, stop) if stop > start else b""
 
@@ -258,10 +279,19 @@ class _Pending:
     group's bytes when the cache had no room).
     """
 
-    __slots__ = ("cost", "group", "parts", "remaining")
+    __slots__ = ("buffer", "cost", "group", "parts", "remaining", "stop")
 
-    def __init__(self, group: Group, parts: list[tuple[int, Job]], cost: int) -> None:
+    def __init__(
+        self,
+        group: Group,
+        parts: list[tuple[int, Job]],
+        cost: int,
+        stop: int,
+        buffer: memoryview | None,
+    ) -> None:
         self.group, self.parts, self.cost = group, parts, cost
+        self.stop = stop  # where its last part ends (the group's end, or its file's)
+        self.buffer = buffer  # parts fetched into one buffer of the group's size, if several
         self.remaining = len(group.reads)
 
 
@@ -367,7 +397,7 @@ class ReadAhead:
                 return
             cost = self._cost(group)
             self._budget += cost
-            self._pending.append(_Pending(group, self._submit(group), cost))
+            self._pending.append(self._submit(group, cost))
 
     def _cost(self, group: Group) -> int:
         """Memory held for a streamed group; for a cached one, its shard's bytes once per shard."""
@@ -385,6 +415,8 @@ class ReadAhead:
                 self._pinned[pending.group.shard] = count
             else:
                 del self._pinned[pending.group.shard]
+        if self._cache is None:
+            return
         for _, job in pending.parts:
             pinned = job.value if job.done.is_set() else None
             if pinned is not None and not isinstance(pinned, (bytes, memoryview)):
@@ -416,8 +448,12 @@ class ReadAhead:
 
     # --- fetching (pool threads) -----------------------------------------------------
 
-    def _submit(self, group: Group) -> list[tuple[int, Job]]:
-        """The group's jobs: its parts (streaming), or its shard made present in the cache."""
+    def _submit(self, group: Group, cost: int) -> _Pending:
+        """The group's jobs: its parts (streaming), or its shard made present in the cache.
+
+        A group of several parts (one read larger than ``request_bytes``) has one buffer of its
+        size, into which each part's job copies what it fetched: the read is then a view of it,
+        not a join of its parts by the consumer (one copy fewer, off the consumer's thread)."""
         entry = self._manifest.shards[group.shard]
         stop = min(group.stop, entry.num_bytes)
         if self._cache is not None:
@@ -429,18 +465,31 @@ class ReadAhead:
                     return pinned
                 return self._fetch.part(group.shard, group.start, stop)
 
-            return [(group.start, self._pool.submit(cached))]
+            return _Pending(group, [(group.start, self._pool.submit(cached))], cost, stop, None)
         step = self._request_bytes if self._fetch.splits else max(1, stop - group.start)
         starts = range(group.start, max(stop, group.start + 1), step)
-        return [
+        if len(starts) == 1:
+            job = self._pool.submit(partial(self._fetch.part, group.shard, group.start, stop))
+            return _Pending(group, [(group.start, job)], cost, stop, None)
+        buffer = memoryview(allocate(stop - group.start))
+        jobs = [
             (
                 start,
                 self._pool.submit(
-                    partial(self._fetch.part, group.shard, start, min(start + step, stop))
+                    partial(self._into, buffer, group, start, min(start + step, stop))
                 ),
             )
             for start in starts
         ]
+        return _Pending(group, jobs, cost, stop, buffer)
+
+    def _into(self, buffer: memoryview, group: Group, start: int, stop: int) -> int:
+        """Fetch ``[start, stop)`` of ``group``'s shard into its place in ``buffer``; the
+        number of bytes received (fewer where the file ends)."""
+        data = self._fetch.part(group.shard, start, stop)
+        at = start - group.start
+        buffer[at : at + len(data)] = data
+        return len(data)
 
     def _direct(self, read: Read) -> bytes | memoryview:
         return self._fetch.part(read.shard, read.offset, read.stop) if read.size else b""
@@ -451,6 +500,8 @@ class ReadAhead:
         """The bytes of ``read`` from its group's parts (waiting for the ones it needs)."""
         name = self._manifest.shards[read.shard].file
         parts = pending.parts
+        if pending.buffer is not None:
+            return self._from_buffer(pending, read, name)
         chunks: list[bytes | memoryview] = []
         for i, (start, job) in enumerate(parts):
             end = parts[i + 1][0] if i + 1 < len(parts) else pending.group.stop
@@ -466,6 +517,24 @@ class ReadAhead:
                 return value  # exactly this read: no copy
             chunks.append(value[max(0, read.offset - start) : read.stop - start])
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one part: a view of it
+
+    def _from_buffer(self, pending: _Pending, read: Read, name: str) -> memoryview:
+        """The bytes of ``read`` in its group's buffer, once the parts it spans are in; fewer
+        where a part came back short (the file ends there)."""
+        parts, first = pending.parts, pending.group.start
+        end = read.offset  # the end of the bytes of the read received so far
+        for i, (start, job) in enumerate(parts):
+            stop = parts[i + 1][0] if i + 1 < len(parts) else pending.stop
+            if stop <= read.offset:
+                continue
+            if start >= read.stop:
+                break
+            got: int = self._wait(job, name, stop - start)
+            end = max(read.offset, min(read.stop, start + got))
+            if start + got < stop:
+                break  # the file ends in this part: nothing of the read after it
+        assert pending.buffer is not None
+        return pending.buffer[read.offset - first : end - first]
 
     def _wait(self, job: Job, name: str, size: int) -> Any:
         """``job``'s result (run here if no thread has started it), within its deadline; its
@@ -508,13 +577,14 @@ def read_ahead(
             from loader.io.cache import ShardCache
 
             cache = ShardCache.for_output(source, manifest)
-        if options.read_ahead_bytes == 0 and cache is None:
+        workers = dataloader_workers()
+        if ahead_bytes(options, workers) == 0 and cache is None:
             return None
-        if options.read_ahead_bytes == 0:  # a cache alone: one group at a time, from the cache
+        if ahead_bytes(options, workers) == 0:  # a cache alone: one group at a time, from it
             options = replace(options, read_ahead_bytes=1, max_requests=1)
         fetch = RemoteFetch(source, manifest, cache)
-        requests, request_bytes = concurrency(options, dataloader_workers())
-        pace = Pace(requests, options.read_ahead_bytes, request_bytes)
+        requests, request_bytes = concurrency(options, workers)
+        pace = Pace(requests, ahead_bytes(options, workers), request_bytes)
         executor = None  # its own threads: as many as requests in flight
 
     def make(reader: Spans) -> RangeIO:

@@ -215,7 +215,7 @@ class Source:
             start = stop
         return b"".join(parts)
 
-    def fetch(self, name: str, start: int, stop: int, setup: bool = False) -> bytes:
+    def fetch(self, name: str, start: int, stop: int, setup: bool = False) -> bytes | memoryview:
         """Bytes ``[start, stop)`` of remote file ``name`` in one ranged GET, retried.
 
         Fewer bytes only where the file ends (none if it ends before ``start``).
@@ -229,7 +229,7 @@ class Source:
             return b""
         url, deadline = self.path(name), attempt_deadline_s(self.options, stop - start)
 
-        def attempt() -> bytes:
+        def attempt() -> bytes | memoryview:
             counts = self.counts()
             counts.add(requests=1)
             data = self.backend(setup).cat(url, start, stop, deadline)

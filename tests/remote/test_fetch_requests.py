@@ -19,8 +19,16 @@ import torch.utils.data
 pytest.importorskip("obstore")
 
 from loader import ReadOptions, RemoteOptions, ShardDataset  # noqa: E402
-from loader.io.readahead import THREAD_NAME, concurrency  # noqa: E402
+from loader.io.readahead import (  # noqa: E402
+    THREAD_NAME,
+    Pace,
+    ReadAhead,
+    RemoteFetch,
+    ahead_bytes,
+    concurrency,
+)
 from loader.io.source import Source  # noqa: E402
+from loader.plan.reads import Read  # noqa: E402
 from tests.s3 import Proxy, S3Server  # noqa: E402
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
@@ -69,9 +77,13 @@ def test_cache_download_is_one_get_per_request_bytes(
 
 def test_concurrency_spends_the_budget_on_connections() -> None:
     auto = RemoteOptions()
-    assert concurrency(auto, 1) == (16, 4 << 20)  # in process: 16 requests of 4 MiB
+    # the budget: 128 MiB per DataLoader, at least 64 MiB per worker
+    assert [ahead_bytes(auto, w) for w in (1, 2, 3, 8)] == [128 << 20] + [64 << 20] * 3
+    assert ahead_bytes(RemoteOptions(read_ahead_bytes=10), 8) == 10  # given: per worker
+    assert concurrency(auto, 1) == (16, 8 << 20)  # in process: 16 requests of 8 MiB
     assert concurrency(auto, 2) == (8, 8 << 20)  # 2 workers: 8 of 8 MiB each (16 per node)
     assert concurrency(auto, 8) == (4, 8 << 20)  # at least 4 each, at most request_bytes
+    assert concurrency(RemoteOptions(read_ahead_bytes=64 << 20), 1) == (16, 4 << 20)
     assert concurrency(RemoteOptions(read_ahead_bytes=4 << 20), 1) == (16, 1 << 20)
     assert concurrency(RemoteOptions(read_ahead_bytes=20_000, request_bytes=3000), 1) == (16, 3000)
     given = RemoteOptions(max_requests=5, request_bytes=1 << 20)
@@ -104,3 +116,36 @@ def test_read_ahead_requests_per_dataloader(
         _ReadAheadThreads(ds), batch_size=None, num_workers=workers, timeout=120 if workers else 0
     )
     assert sorted(int(n) for n in loader) == threads
+
+
+def test_a_read_of_several_requests_lands_in_one_buffer(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str]
+) -> None:
+    """A read larger than ``request_bytes`` is fetched as several ranged GETs, each copied by
+    its fetch thread into one buffer of the read's size: the reader gets a view of it (no join
+    of the parts by the consumer), the exact bytes, and fewer only where the file ends."""
+    import fsspec
+
+    remote = RemoteOptions(storage_options=s3.storage_options(proxy.endpoint), request_bytes=1000)
+    source = Source(uploaded["tar"], remote)
+    manifest = source.manifest()
+    entry = manifest.shards[0]
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+    url = f"{uploaded['tar']}/{entry.file}"
+    whole = fs.cat_file(url)
+    short = len(whole) - 1500  # the stored file loses its last 1,500 bytes (mid-part)
+    fs.pipe_file(url, whole[:short])
+    reads = [Read(0, 100, 5000), Read(0, 5100, len(whole) - 5100)]
+    ahead = ReadAhead(
+        RemoteFetch(source, manifest), manifest, iter(reads), [0], Pace(4, 8000, 1000)
+    )
+    try:
+        since = len(proxy.requests)
+        first = ahead.read(0, 100, 5000)
+        assert isinstance(first, memoryview) and not isinstance(first.obj, bytes)
+        assert bytes(first) == whole[100:5100]
+        last = ahead.read(0, 5100, len(whole) - 5100)
+        assert bytes(last) == whole[5100:short]  # fewer: the file ends there
+        assert gets(proxy, since, "/" + entry.file) == 5 + -(-(len(whole) - 5100) // 1000)
+    finally:
+        ahead.close()
