@@ -22,10 +22,18 @@ DataLoader workers before reading: it submits nothing), are daemons, and stop in
 (each after its current job, joined within ``JOIN_TIMEOUT_S``). A process forked while they
 run has none: its first job starts its own. With ``threads=0`` nothing runs ahead: every job is
 run by the caller when it asks for it.
+
+An interrupt (Ctrl-C, or whatever a signal handler raises) can land anywhere in the caller,
+so the caller's side holds only what it cannot leave locked: C-level locks in ``with`` and a
+``queue.SimpleQueue``. Never ``queue.Queue``, ``threading.Event`` or ``Condition``: an interrupt
+can cut their Python-level ``__exit__`` before it releases their lock, and the next
+``close()`` then waited on it forever (tests/unit/test_executor.py::
+test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import queue
@@ -35,13 +43,75 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Executor", "Job"]
+__all__ = ["Executor", "Flag", "Job"]
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current job
 POLL_S = 1.0  # an idle thread looks at the closed event this often
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
+
+
+class Flag:
+    """Set once, never cleared, waited for with a timeout: ``threading.Event`` made of C-level
+    locks only, so that an interrupt on any thread using it cannot leave it locked."""
+
+    __slots__ = ("_gate", "_guard", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._guard = threading.Lock()
+        self._gate = threading.Lock()  # held until set: a waiter acquires it, then gives it back
+        self._gate.acquire()
+
+    def set(self) -> None:
+        with self._guard:
+            if self._set:
+                return
+            self._set = True
+            self._gate.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, waiting ``timeout`` seconds at most for it."""
+        if self._set:
+            return True
+        if self._gate.acquire(timeout=timeout):
+            self._gate.release()  # (left held by an interrupt here: later waits see _set)
+            return True
+        return self._set
+
+
+class _Jobs:
+    """The executor's queue: (priority, sequence, job) on a heap under a C-level lock, and one
+    token per entry in a ``SimpleQueue`` to wake a thread. A job left on the heap without its
+    token (an interrupt between the two) is run by the caller when it asks for it."""
+
+    __slots__ = ("_heap", "_lock", "_sequence", "_wake")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Job | None]] = []
+        self._lock = threading.Lock()
+        self._sequence = 0
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def put(self, priority: int, job: Job | None) -> None:
+        """Queue ``job`` (None: a stop, for one thread)."""
+        with self._lock:
+            self._sequence += 1
+            heapq.heappush(self._heap, (priority, self._sequence, job))
+        self._wake.put(None)
+
+    def get(self, timeout: float) -> tuple[bool, Job | None]:
+        """(True, the first entry's job) once there is one; (False, None) after ``timeout``."""
+        try:
+            self._wake.get(timeout=timeout)
+        except queue.Empty:
+            return False, None
+        with self._lock:
+            return True, heapq.heappop(self._heap)[2]
 
 
 class Job:
@@ -54,7 +124,7 @@ class Job:
         self.state = QUEUED
         self.value: Any = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.done = Flag()
         self.lock = threading.Lock()
         self.runner = ""  # the name of the thread that ran it
 
@@ -88,15 +158,14 @@ class Executor:
         if threads < 0:
             raise ValueError(f"threads must be >= 0, not {threads}")
         self.size, self.name = threads, name
-        self._queue: Jobs = queue.PriorityQueue()
-        self._sequence = 0
+        self._queue = _Jobs()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._pid = -1  # the process the threads run in
         # set first thing by close() (one store: an interrupt cannot split it), and by the
         # collector if the executor is dropped unclosed; the threads see it within POLL_S
         # even if no sentinel reaches them (an interrupt inside close)
-        self._closed = threading.Event()
+        self._closed = Flag()
         self._stop: weakref.finalize[Any, Executor] | None = None
         # (still there when a generator is closed at interpreter exit, after the modules'
         # globals are gone: the daemon threads then end with the process)
@@ -113,9 +182,7 @@ class Executor:
         job = Job(fn)
         if self.size:
             self._start()
-            with self._lock:
-                self._sequence += 1
-                self._queue.put((priority, self._sequence, job))
+            self._queue.put(priority, job)
         return job
 
     def result(
@@ -163,7 +230,7 @@ class Executor:
         with self._lock:
             if self._pid == pid:
                 return
-            self._queue = queue.PriorityQueue()  # (a fork's copy may hold the parent's jobs)
+            self._queue = _Jobs()  # (a fork's copy may hold the parent's jobs)
             self._threads = []
             self._pid = pid
             # dropped unclosed (an interrupt before close ran): the collector stops them
@@ -219,24 +286,20 @@ class _Starter:
             executor._spawn_others()
 
 
-Jobs = queue.PriorityQueue[tuple[int, int, "Job | None"]]
-
-
-def _stop(jobs: Jobs, closed: threading.Event, size: int) -> None:
-    """Tell the threads to stop: the closed event, and a sentinel each ahead of every job."""
+def _stop(jobs: _Jobs, closed: Flag, size: int) -> None:
+    """Tell the threads to stop: the closed flag, and a stop each ahead of every job."""
     closed.set()
-    for i in range(size):
-        jobs.put((-1, i, None))
+    for _ in range(size):
+        jobs.put(-1, None)
 
 
-def _work(jobs: Jobs, closed: threading.Event, starter: _Starter | None) -> None:
+def _work(jobs: _Jobs, closed: Flag, starter: _Starter | None) -> None:
     if starter is not None:  # thread 0: the other threads first, then jobs like them
         starter.run()
         del starter
     while not closed.is_set():
-        try:
-            job = jobs.get(timeout=POLL_S)[2]
-        except queue.Empty:
+        got, job = jobs.get(POLL_S)
+        if not got:
             continue
         if job is None:
             return

@@ -254,3 +254,66 @@ def test_a_forked_child_starts_its_own_threads() -> None:
     assert after == both
     assert closed == []
     assert code == 0
+
+
+CHILD_INTERRUPTS = """
+import sys, threading, time
+from loader.io.executor import JOIN_TIMEOUT_S, Executor
+
+def hung():
+    return TimeoutError("hung")
+
+def calls(ex):
+    ex.result(ex.submit(lambda: 1), 5.0, hung)
+    ex.together(lambda: True, 5.0, hung)
+
+def interrupt_at(n):
+    seen = [0]
+    def trace(frame, event, arg):
+        if event == "call":  # a function's start: where CPython runs a signal handler
+            seen[0] += 1
+            if seen[0] == n:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return trace
+    return trace
+
+n, cut = 1, 0
+while True:
+    ex = Executor(1, "test-interrupt")
+    ex.result(ex.submit(lambda: 0), 5.0, hung)  # its thread runs: not part of what is cut
+    sys.settrace(interrupt_at(n))
+    try:
+        calls(ex)
+        done = True
+    except KeyboardInterrupt:
+        done, cut = False, cut + 1
+    finally:
+        sys.settrace(None)
+    began = time.monotonic()
+    ex.close()
+    took = time.monotonic() - began
+    assert took < JOIN_TIMEOUT_S, f"close took {took:.1f} s after an interrupt at call {n}"
+    if done:
+        break
+    n += 1
+left = [t for t in threading.enumerate() if t.name.startswith("test-interrupt-") and t.is_alive()]
+for t in left:
+    t.join(JOIN_TIMEOUT_S)
+print("CUT", cut, "LEFT", sum(t.is_alive() for t in left))
+"""
+
+
+def test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded() -> None:
+    """A KeyboardInterrupt raised as each Python function starts (one run each: a moment where
+    CPython runs signal handlers) in a submit, a result and a together() on the caller's
+    thread, the library's code and the standard library's it calls: close() returns within
+    its bound after each, and no thread is left. With
+    ``queue.PriorityQueue`` and ``threading.Event`` on the caller's side, an interrupt at the
+    start of their ``Condition.__exit__`` left its lock held, and close() then waited on it
+    forever (1 run in about 25 of test_hunt_localahead.py::test_ctrl_c_at_random_moments)."""
+    done = run_bounded([sys.executable, "-c", CHILD_INTERRUPTS], timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    words = done.stdout.split()
+    assert words[0] == "CUT" and int(words[1]) > 10, done.stdout
+    assert words[2:] == ["LEFT", "0"], done.stdout
