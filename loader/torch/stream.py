@@ -92,6 +92,7 @@ class EpochStream:
         # state_dict() runs on every batch: the options part is computed once
         self._options = self._stream.options_fingerprint(world.world_size, world.num_workers)
         self._clock: Clock | None = None  # this pass's counters (loader.read.telemetry)
+        self._counts = False  # the stream does not count its passes (mixtures): this does
         # in the main process (num_workers=0), the loop's wait is the time in __next__
         self._loop = LoopClock(layer.progress.main_row()) if counter is None else None
 
@@ -133,6 +134,8 @@ class EpochStream:
             self._items = self._stream.items(self._epoch, slot_world, self._yielded, self._history)
         item = next(self._items)
         self._yielded += 1
+        if self._counts:  # a mixture's batch: its samples and itself (no stages)
+            self._clock.count(len(item["__key__"]), 1)  # type: ignore[union-attr]
         if self._counter is not None and type(item) is Batch:
             item.clock = self._clock  # its pickling to the main process is counted (handoff)
         return item
@@ -143,6 +146,9 @@ class EpochStream:
         clock = Clock(row)
         if isinstance(self._stream, Clocked):
             self._stream.clock = clock
+        else:
+            clock.start(self._epoch)
+            self._counts = True
         return clock
 
     def state_dict(self) -> dict[str, Any]:
