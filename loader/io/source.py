@@ -264,6 +264,15 @@ class Source:
             raise ManifestError(self._not_an_output(), self.root)
         try:
             data = self.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES, setup=True)
+        except TypeError as err:  # the first request is where fsspec's client takes the options
+            if not (self.remote and self.options.storage_options):
+                raise
+            raise ValueError(
+                f"{self.path(MANIFEST_NAME)}: the {self.protocol} client refused the storage "
+                f"options {sorted(self.options.storage_options)} ({err}); pass the options its "
+                "fsspec filesystem takes (s3fs: key, secret, token, endpoint_url, "
+                "client_kwargs, ...)"
+            ) from err
         except FileNotFoundError as err:
             raise ManifestError(
                 f"{self.path(MANIFEST_NAME)}: no manifest; is this a finished shardprep "

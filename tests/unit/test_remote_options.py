@@ -77,3 +77,15 @@ def test_batches_cover_every_part_once_in_order_and_stay_bounded(sizes: list[int
     for batch in batches:
         assert 1 <= len(batch) <= BATCH_PARTS
         assert len(batch) == 1 or sum(sizes[i] for i in batch) <= BATCH_BYTES
+
+
+def test_storage_options_the_client_refuses_are_named() -> None:
+    """A key s3fs does not take (boto's name for it) fails at the client's first request, as a
+    TypeError from aiobotocore's session; the loader names the options and what to pass (no
+    server needed: the session is made before any connection)."""
+    from loader import ReadOptions, RemoteOptions, ShardDataset
+
+    options = {"aws_access_key_id": "x", "endpoint_url": "http://127.0.0.1:9"}
+    read = ReadOptions(remote=RemoteOptions(storage_options=options))
+    with pytest.raises(ValueError, match=r"refused the storage options \['aws_access_key_id'"):
+        ShardDataset("s3://bucket/out", read=read)
