@@ -207,6 +207,11 @@ def describe_error(url: str, err: BaseException, interface: Interface = CLI) -> 
         )
     if isinstance(err, FileNotFoundError):
         return f"{url}: not found ({err})"
+    if isinstance(err, TypeError) and "unexpected keyword argument" in str(err):
+        return (  # the client takes the storage options at its first request
+            f"{url}: the storage client refused an option ({err}); pass the options its "
+            f"fsspec filesystem takes {hint}"
+        )
     name = type(err).__name__
     return (
         f"{url}: cannot reach the storage ({name}: {err}); check the endpoint "

@@ -166,6 +166,14 @@ def test_a_ray_task_whose_workers_died_names_the_workers_option() -> None:
             "or AWS_ENDPOINT_URL) and the network",
         ),
         (
+            TypeError("AioSession.__init__() got an unexpected keyword argument 'aws_key'"),
+            "the storage client refused an option (AioSession.__init__() got an unexpected "
+            "keyword argument 'aws_key'); pass the options its fsspec filesystem takes (for S3: "
+            "AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or storage_options="
+            "{'profile': ...}, {'key': ..., 'secret': ...} or {'anon': True} for a public bucket)",
+            "--storage-option profile=..., key=..., secret=..., anon=true for a public bucket)",
+        ),
+        (
             PermissionError("denied"),
             "or storage_options={'profile': ...}, {'key': ..., 'secret': ...} or "
             "{'anon': True} for a public bucket) and the bucket's permissions",
