@@ -146,6 +146,9 @@ def test_a_read_of_several_requests_lands_in_one_buffer(
         assert bytes(first) == whole[100:5100]
         last = ahead.read(0, 5100, len(whole) - 5100)
         assert bytes(last) == whole[5100:short]  # fewer: the file ends there
-        assert gets(proxy, since, "/" + entry.file) == 5 + -(-(len(whole) - 5100) // 1000)
+        # 5 parts, then the 24 up to the file's end; the 2 wholly past it are sent only if their
+        # turn came before the short part was back (4 fetch threads: timing, CI run of b0cc855)
+        got = gets(proxy, since, "/" + entry.file)
+        assert 5 + -(-(short - 5100) // 1000) <= got <= 5 + -(-(len(whole) - 5100) // 1000), got
     finally:
         ahead.close()
