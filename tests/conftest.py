@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# A suite started in the background of a non-interactive shell (`pytest ... &`, nohup) inherits
+# SIGINT ignored; so would every process a test starts, and Python then installs no
+# KeyboardInterrupt handler: the Ctrl-C tests would see their command run to the end (exit 0).
+# A handled signal is reset to the default in an exec'd child, an ignored one is not.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def payload(label: int, index: int) -> bytes:
