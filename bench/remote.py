@@ -26,6 +26,15 @@ round-robin over all of them (``--repeats`` rounds; median and min–max):
   issue 38 (16 requests of 4 MiB in process; in 2 workers the same as today's default);
 * ``local``: shardprep over the same build on local disk.
 
+``--server whole`` (the default) is stock moto, which reads the whole object for every GET,
+ranged or not (~25 MB per shard here): on the bench's 2 shared cores a reader that sends many
+ranged GETs pays moto's CPU for each. ``--server ranged`` is the control,
+``bench/moto_ranged.py``: the same moto, whose GET copies only the bytes it serves (each
+object read from moto's file once and kept), as a real object store's ranged GET costs its
+client nothing proportional to the object's size. Both serve the same bytes: before the first
+row, a few ranges of one shard are read from the server directly and compared with the built
+file (and every row's "complete" counts every sample's bytes).
+
 MB/s counts payload bytes for every row. Results: ``WORK/remote-results.json``
 and, with ``--out``, the markdown page (docs/benchmarks-remote.md).
 """
@@ -59,6 +68,8 @@ BACKENDS = {
     "shardprep cache": "auto",
     "shardprep cache fsspec": "fsspec",
 }
+# --server: the python -m module that serves S3 (the stock server, or the control)
+SERVERS = {"whole": "moto.server", "ranged": "bench.moto_ranged"}
 IMPORTS = {"shardprep": ("s3fs", "obstore"), "mds": ("boto3",), "litdata": ("boto3", "obstore")}
 LABELS = {
     "floor": "floor: 8 concurrent whole-object GETs (s3fs)",
@@ -86,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="0,2", help="DataLoader num_workers to measure")
     p.add_argument("--systems", default="shardprep,shardprep fsspec,shardprep cache,litdata,mds")
     p.add_argument("--out", type=Path, default=None, help="write the markdown page here")
+    p.add_argument(
+        "--server",
+        choices=sorted(SERVERS),
+        default="whole",
+        help="whole: stock moto (reads the whole object per GET); ranged: the control server",
+    )
     a = p.parse_args(argv)
     cfg = Config.make(False, a.work_dir, a.repeats, "")
     cfg.warmup = 0
@@ -94,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--work-dir must be outside the repository")
     workers = tuple(int(w) for w in a.workers.split(","))
     systems = tuple(s for s in a.systems.split(",") if s)
-    result = run(cfg, a.samples, a.latency_ms / 1000, a.bandwidth_mbs * 1e6, workers, systems)
+    result = run(
+        cfg, a.samples, a.latency_ms / 1000, a.bandwidth_mbs * 1e6, workers, systems, a.server
+    )
     path = cfg.work / "remote-results.json"
     path.write_text(json.dumps(result, indent=1))
     log(f"results in {path}")
@@ -111,6 +130,7 @@ def run(
     bandwidth: float,
     workers: tuple[int, ...],
     systems: tuple[str, ...],
+    server: str = "whole",
 ) -> dict[str, Any]:
     """Every row of the remote scenario (see the module docstring)."""
     sys.path.insert(0, str(REPO))
@@ -127,9 +147,13 @@ def run(
     }
     rows: dict[str, Any] = {}
     started, load_before = time.time(), os.getloadavg()[0]
-    with S3Server() as s3, Proxy(s3.port, latency=latency, bandwidth=bandwidth) as proxy:
+    with (
+        S3Server(module=SERVERS[server]) as s3,
+        Proxy(s3.port, latency=latency, bandwidth=bandwidth) as proxy,
+    ):
         s3.create_bucket("bench")
         _upload(s3, outs)
+        _check_ranges(s3, outs["shardprep"])
         env = s3.environment(proxy.endpoint)
         os.environ.update(env)  # measured processes inherit them (MDS and LitData read them)
         os.environ["S3_ENDPOINT_URL"] = proxy.endpoint  # MosaicML streaming's variable
@@ -190,6 +214,7 @@ def run(
         "meta": {
             "command": cfg.command,
             "samples": n,
+            "server": server,
             "payload_bytes": meta["total_bytes"],
             "shards": SHARDS,
             "latency_ms": latency * 1000,
@@ -265,6 +290,27 @@ def _upload(s3: Any, outs: dict[str, Path]) -> None:
         log(f"uploaded {system} in {time.perf_counter() - t:.1f}s")
 
 
+def _check_ranges(s3: Any, out: Path) -> None:
+    """A few ranges of the first shard, read from the server directly (no proxy), must be the
+    built file's bytes: the control server serves what stock moto serves."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+    path = sorted(out.glob("shard-*.tar"))[0]
+    data = path.read_bytes()
+    size = len(data)
+    for a, b in ((0, 1), (0, 8 << 20), (12345, size // 2 + 7), (size - 1000, size)):
+        got = fs.cat_file(f"bench/shardprep/{path.name}", start=a, end=b)
+        if got != data[a:b]:
+            raise RuntimeError(
+                f"the S3 server ({s3.module}) served other bytes than the built file for "
+                f"bytes {a}-{b} of {path.name} ({len(got)} bytes, {len(data[a:b])} in the file)"
+            )
+    if fs.cat_file(f"bench/shardprep/{path.name}") != data:
+        raise RuntimeError(f"the S3 server served {path.name} with other bytes ({s3.module})")
+    log(f"server {s3.module}: 5 reads of {path.name} match the built file")
+
+
 def _boto3_options(env: dict[str, str]) -> dict[str, str]:
     """LitData's ``storage_options`` (boto3 client arguments)."""
     return {
@@ -281,7 +327,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"`{meta['command']}` — {meta['samples']} samples, {meta['payload_bytes'] / 1e6:.0f} MB "
         f"payload, {meta['shards']} shards, {meta['latency_ms']:g} ms per request, "
-        f"{meta['bandwidth_mbs']:g} MB/s per connection; {meta['when']}, "
+        f"{meta['bandwidth_mbs']:g} MB/s per connection, server "
+        f"{meta.get('server', 'whole')}; {meta['when']}, "
         f"{meta['minutes']:.1f} min, load average {meta['loadavg'][0]:.1f} → "
         f"{meta['loadavg'][1]:.1f} on {meta['cpus']} CPUs",
         "",

@@ -56,10 +56,13 @@ def free_port() -> int:
 
 
 class S3Server:
-    """moto's S3 server in a child process on 127.0.0.1."""
+    """moto's S3 server in a child process on 127.0.0.1 (``module``: the ``python -m`` module
+    that serves it, ``moto.server`` or a wrapper that takes its arguments, e.g. the bench's
+    control server ``bench.moto_ranged``)."""
 
-    def __init__(self, start_timeout: float = 30.0) -> None:
+    def __init__(self, start_timeout: float = 30.0, module: str = "moto.server") -> None:
         self.port = free_port()
+        self.module = module
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -70,7 +73,7 @@ class S3Server:
         # fills up after a few hundred requests and blocks the server
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", self.module, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             start_new_session=True,
