@@ -24,6 +24,9 @@ round-robin over all of them (``--repeats`` rounds; median and min–max):
   before 16 x 4 MiB (``RemoteOptions(request_bytes=8 MiB, max_requests=8)``), for the A/B;
 * ``shardprep 64MiB`` (only when named): ``read_ahead_bytes=64 MiB``, the default before
   issue 38 (16 requests of 4 MiB in process; in 2 workers the same as today's default);
+* ``shardprep 16x32MiB`` (only when named): 16 requests of 32 MiB in a 512 MiB budget
+  (``RemoteOptions(request_bytes=32 MiB, max_requests=16, read_ahead_bytes=512 MiB)``): fewer
+  GETs, with the whole epoch allowed in flight;
 * ``local``: shardprep over the same build on local disk.
 
 ``--server whole`` (the default) is stock moto, which reads the whole object for every GET,
@@ -61,6 +64,13 @@ BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData o
 OPTIONS = {
     "shardprep 8x8MiB": {"request_bytes": 8 << 20, "max_requests": 8},
     "shardprep 64MiB": {"read_ahead_bytes": 64 << 20},
+    # issue 38's A/B of fewer GETs with no memory bound to speak of: 16 requests of 32 MiB in a
+    # 512 MiB budget (the whole 399 MB epoch may be in flight at once)
+    "shardprep 16x32MiB": {
+        "request_bytes": 32 << 20,
+        "max_requests": 16,
+        "read_ahead_bytes": 512 << 20,
+    },
 }
 BACKENDS = {
     "shardprep": "auto",
@@ -79,6 +89,7 @@ LABELS = {
     "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
     "shardprep 8x8MiB": "shardprep, read-ahead, 8 requests of 8 MiB (the defaults before issue 20)",
     "shardprep 64MiB": "shardprep, read-ahead, `read_ahead_bytes=64 MiB` (the default before issue 38)",
+    "shardprep 16x32MiB": "shardprep, read-ahead, 16 requests of 32 MiB in a 512 MiB budget",
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "shardprep cache fsspec": 'shardprep, read-ahead + `cache_dir`, `backend="fsspec"`',
     "mds": "MosaicML StreamingDataset (remote → local)",
@@ -370,7 +381,7 @@ def ratios(rows: dict[str, Any]) -> list[str]:
         r = rows.get(key)
         return None if r is None or "error" in r else float(r["mb_s"])
 
-    for system in ("shardprep", "shardprep fsspec", "shardprep 8x8MiB", "shardprep 64MiB"):
+    for system in ("shardprep", "shardprep fsspec", *OPTIONS):
         for other, label in (
             ("litdata | w{w} | epoch 1", "LitData"),
             ("floor | w0", "floor (s3fs)"),
