@@ -39,6 +39,7 @@ import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
 from loader.errors import RequestRefusedError
+from loader.io.executor import start_thread
 
 __all__ = [
     "ObstoreBackend",
@@ -340,7 +341,7 @@ def _process_loop() -> asyncio.AbstractEventLoop:
         _loop = asyncio.new_event_loop()
         _loop_pid = os.getpid()
         thread = threading.Thread(target=_loop.run_forever, name="shardprep-obstore", daemon=True)
-        thread.start()
+        start_thread(thread)
     return _loop
 
 

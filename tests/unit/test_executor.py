@@ -317,3 +317,67 @@ def test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded() -> 
     words = done.stdout.split()
     assert words[0] == "CUT" and int(words[1]) > 10, done.stdout
     assert words[2:] == ["LEFT", "0"], done.stdout
+
+
+CHILD_START_INTERRUPTS = """
+import sys, threading, time
+from loader.io.executor import JOIN_TIMEOUT_S, Executor
+
+def hung():
+    return TimeoutError("hung")
+
+def interrupt_at(n):
+    seen = [0]
+    def trace(frame, event, arg):
+        # where CPython runs a signal handler: a function starts, a call returns
+        if event in ("call", "return"):
+            seen[0] += 1
+            if seen[0] == n:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return trace
+    return trace
+
+n, cut, other = 1, 0, []
+while True:
+    ex = Executor(2, "test-start")
+    sys.settrace(interrupt_at(n))
+    try:
+        ex.result(ex.submit(lambda: 1), 5.0, hung)  # the first submit starts the threads
+        done = True
+    except KeyboardInterrupt:
+        done, cut = False, cut + 1
+    except BaseException as err:
+        done = False
+        other.append((n, repr(err)))
+    finally:
+        sys.settrace(None)
+    began = time.monotonic()
+    ex.close()
+    took = time.monotonic() - began
+    assert took < JOIN_TIMEOUT_S, f"close took {took:.1f} s after an interrupt at step {n}"
+    if done:
+        break
+    n += 1
+deadline = time.monotonic() + JOIN_TIMEOUT_S
+while time.monotonic() < deadline and any(
+    t.name.startswith("test-start-") and t.is_alive() for t in threading.enumerate()
+):
+    time.sleep(0.05)  # polling interval only: the threads see the closed flag within POLL_S
+left = [t for t in threading.enumerate() if t.name.startswith("test-start-") and t.is_alive()]
+print("CUT", cut, "LEFT", len(left), "OTHER", other)
+"""
+
+
+def test_an_interrupt_while_the_threads_start_is_the_interrupt() -> None:
+    """A KeyboardInterrupt at each moment CPython may run a signal handler (a function starts,
+    a call returns) during the first submit of an executor, which starts its threads: the
+    caller gets the KeyboardInterrupt, never another error; close() stays bounded and no thread
+    is left. Was: an interrupt inside ``Thread.start``'s wait, just after its ``Condition`` let
+    go of its lock, became ``RuntimeError('release unlocked lock')`` (1 run in the CI sim of
+    test_hunt_scatter.py::test_ctrl_c_at_random_moments)."""
+    done = run_bounded([sys.executable, "-c", CHILD_START_INTERRUPTS], timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    words = done.stdout.strip().split(maxsplit=5)
+    assert words[0] == "CUT" and int(words[1]) > 20, done.stdout
+    assert words[2:] == ["LEFT", "0", "OTHER", "[]"], done.stdout
