@@ -24,6 +24,7 @@ round-robin over all of them (``--repeats`` rounds; median and min–max):
   before 16 x 4 MiB (``RemoteOptions(request_bytes=8 MiB, max_requests=8)``), for the A/B;
 * ``shardprep 64MiB`` (only when named): ``read_ahead_bytes=64 MiB``, the default before
   issue 38 (16 requests of 4 MiB in process; in 2 workers the same as today's default);
+* ``shardprep 16x16MiB`` (only when named): 16 requests of 16 MiB in a 256 MiB budget;
 * ``shardprep 16x32MiB`` (only when named): 16 requests of 32 MiB in a 512 MiB budget
   (``RemoteOptions(request_bytes=32 MiB, max_requests=16, read_ahead_bytes=512 MiB)``): fewer
   GETs, with the whole epoch allowed in flight;
@@ -64,8 +65,14 @@ BUILDS = {"shardprep": "shardprep w1", "mds": "MDSWriter", "litdata": "LitData o
 OPTIONS = {
     "shardprep 8x8MiB": {"request_bytes": 8 << 20, "max_requests": 8},
     "shardprep 64MiB": {"read_ahead_bytes": 64 << 20},
-    # issue 38's A/B of fewer GETs with no memory bound to speak of: 16 requests of 32 MiB in a
-    # 512 MiB budget (the whole 399 MB epoch may be in flight at once)
+    # issue 38's A/B of fewer, larger GETs for more memory: 16 requests of 16 MiB in 256 MiB (a
+    # window of ~12-16 MiB is one GET), of 32 MiB in 512 MiB (the whole 399 MB epoch may be in
+    # flight at once)
+    "shardprep 16x16MiB": {
+        "request_bytes": 16 << 20,
+        "max_requests": 16,
+        "read_ahead_bytes": 256 << 20,
+    },
     "shardprep 16x32MiB": {
         "request_bytes": 32 << 20,
         "max_requests": 16,
@@ -89,6 +96,7 @@ LABELS = {
     "shardprep fsspec": 'shardprep, read-ahead, `backend="fsspec"`',
     "shardprep 8x8MiB": "shardprep, read-ahead, 8 requests of 8 MiB (the defaults before issue 20)",
     "shardprep 64MiB": "shardprep, read-ahead, `read_ahead_bytes=64 MiB` (the default before issue 38)",
+    "shardprep 16x16MiB": "shardprep, read-ahead, 16 requests of 16 MiB in a 256 MiB budget",
     "shardprep 16x32MiB": "shardprep, read-ahead, 16 requests of 32 MiB in a 512 MiB budget",
     "shardprep cache": "shardprep, read-ahead + `cache_dir`",
     "shardprep cache fsspec": 'shardprep, read-ahead + `cache_dir`, `backend="fsspec"`',
