@@ -256,21 +256,22 @@ def test_a_forked_child_starts_its_own_threads() -> None:
     assert code == 0
 
 
-CHILD_INTERRUPTS = """
+# The child scripts' driver: cut_each runs ``work`` on a fresh executor once per moment, raising a
+# KeyboardInterrupt at the n-th of ``events`` on the calling thread ("call": a function starts,
+# "return": a call returns; where CPython runs signal handlers), until a run is not cut; close()
+# must return within its bound after each. It prints the runs cut, the executor's threads left
+# alive and any error that was not the KeyboardInterrupt.
+CUT_EACH = """
 import sys, threading, time
 from loader.io.executor import JOIN_TIMEOUT_S, Executor
 
 def hung():
     return TimeoutError("hung")
 
-def calls(ex):
-    ex.result(ex.submit(lambda: 1), 5.0, hung)
-    ex.together(lambda: True, 5.0, hung)
-
-def interrupt_at(n):
+def interrupt_at(n, events):
     seen = [0]
     def trace(frame, event, arg):
-        if event == "call":  # a function's start: where CPython runs a signal handler
+        if event in events:
             seen[0] += 1
             if seen[0] == n:
                 sys.settrace(None)
@@ -278,30 +279,52 @@ def interrupt_at(n):
         return trace
     return trace
 
-n, cut = 1, 0
-while True:
-    ex = Executor(1, "test-interrupt")
-    ex.result(ex.submit(lambda: 0), 5.0, hung)  # its thread runs: not part of what is cut
-    sys.settrace(interrupt_at(n))
-    try:
-        calls(ex)
-        done = True
-    except KeyboardInterrupt:
-        done, cut = False, cut + 1
-    finally:
-        sys.settrace(None)
-    began = time.monotonic()
-    ex.close()
-    took = time.monotonic() - began
-    assert took < JOIN_TIMEOUT_S, f"close took {took:.1f} s after an interrupt at call {n}"
-    if done:
-        break
-    n += 1
-left = [t for t in threading.enumerate() if t.name.startswith("test-interrupt-") and t.is_alive()]
-for t in left:
-    t.join(JOIN_TIMEOUT_S)
-print("CUT", cut, "LEFT", sum(t.is_alive() for t in left))
+def cut_each(make, work, events, name):
+    n, cut, other = 1, 0, []
+    while True:
+        ex = make(name)
+        sys.settrace(interrupt_at(n, events))
+        try:
+            work(ex)
+            done = True
+        except KeyboardInterrupt:
+            done, cut = False, cut + 1
+        except BaseException as err:
+            done = False
+            other.append((n, repr(err)))
+        finally:
+            sys.settrace(None)
+        began = time.monotonic()
+        ex.close()
+        took = time.monotonic() - began
+        assert took < JOIN_TIMEOUT_S, f"close took {took:.1f} s after an interrupt at {n}"
+        if done:
+            break
+        n += 1
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while time.monotonic() < deadline and any(
+        t.name.startswith(name + "-") and t.is_alive() for t in threading.enumerate()
+    ):
+        time.sleep(0.05)  # polling interval only: the threads see the closed flag within POLL_S
+    left = [t for t in threading.enumerate() if t.name.startswith(name + "-") and t.is_alive()]
+    print("CUT", cut, "LEFT", len(left), "OTHER", other)
 """
+
+CHILD_INTERRUPTS = (
+    CUT_EACH
+    + """
+def started(name):
+    ex = Executor(1, name)
+    ex.result(ex.submit(lambda: 0), 5.0, hung)  # its thread runs: not part of what is cut
+    return ex
+
+def calls(ex):
+    ex.result(ex.submit(lambda: 1), 5.0, hung)
+    ex.together(lambda: True, 5.0, hung)
+
+cut_each(started, calls, ("call",), "test-interrupt")
+"""
+)
 
 
 def test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded() -> None:
@@ -314,59 +337,20 @@ def test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded() -> 
     forever (1 run in about 25 of test_hunt_localahead.py::test_ctrl_c_at_random_moments)."""
     done = run_bounded([sys.executable, "-c", CHILD_INTERRUPTS], timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    words = done.stdout.split()
+    words = done.stdout.strip().split(maxsplit=5)
     assert words[0] == "CUT" and int(words[1]) > 10, done.stdout
-    assert words[2:] == ["LEFT", "0"], done.stdout
+    assert words[2:] == ["LEFT", "0", "OTHER", "[]"], done.stdout
 
 
-CHILD_START_INTERRUPTS = """
-import sys, threading, time
-from loader.io.executor import JOIN_TIMEOUT_S, Executor
+CHILD_START_INTERRUPTS = (
+    CUT_EACH
+    + """
+def first_submit(ex):
+    ex.result(ex.submit(lambda: 1), 5.0, hung)  # the first submit starts the threads
 
-def hung():
-    return TimeoutError("hung")
-
-def interrupt_at(n):
-    seen = [0]
-    def trace(frame, event, arg):
-        # where CPython runs a signal handler: a function starts, a call returns
-        if event in ("call", "return"):
-            seen[0] += 1
-            if seen[0] == n:
-                sys.settrace(None)
-                raise KeyboardInterrupt
-        return trace
-    return trace
-
-n, cut, other = 1, 0, []
-while True:
-    ex = Executor(2, "test-start")
-    sys.settrace(interrupt_at(n))
-    try:
-        ex.result(ex.submit(lambda: 1), 5.0, hung)  # the first submit starts the threads
-        done = True
-    except KeyboardInterrupt:
-        done, cut = False, cut + 1
-    except BaseException as err:
-        done = False
-        other.append((n, repr(err)))
-    finally:
-        sys.settrace(None)
-    began = time.monotonic()
-    ex.close()
-    took = time.monotonic() - began
-    assert took < JOIN_TIMEOUT_S, f"close took {took:.1f} s after an interrupt at step {n}"
-    if done:
-        break
-    n += 1
-deadline = time.monotonic() + JOIN_TIMEOUT_S
-while time.monotonic() < deadline and any(
-    t.name.startswith("test-start-") and t.is_alive() for t in threading.enumerate()
-):
-    time.sleep(0.05)  # polling interval only: the threads see the closed flag within POLL_S
-left = [t for t in threading.enumerate() if t.name.startswith("test-start-") and t.is_alive()]
-print("CUT", cut, "LEFT", len(left), "OTHER", other)
+cut_each(lambda name: Executor(2, name), first_submit, ("call", "return"), "test-start")
 """
+)
 
 
 def test_an_interrupt_while_the_threads_start_is_the_interrupt() -> None:
