@@ -1,4 +1,5 @@
-"""One rank of ``harness.run_ranks``: ``python -m tests.distributed.rank_main MODULE:FN RANK WORLD TMP KWARGS``."""
+"""One rank of ``harness.run_ranks`` (forked by ``tests.distributed.launch``; also runs alone:
+``python -m tests.distributed.rank_main MODULE:FN RANK WORLD TMP KWARGS``)."""
 
 from __future__ import annotations
 

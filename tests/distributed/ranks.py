@@ -101,3 +101,24 @@ def before_group_then_train_like(
 
 
 before_group_then_train_like.initializes_group = True  # type: ignore[attr-defined]
+
+
+def rank_1_fails(rank: int, world_size: int, marker: str) -> dict[str, Any]:
+    """Rank 1 raises; the other ranks wait for it in a collective it never joins."""
+    if rank == 1:
+        raise RuntimeError(f"{marker}: rank 1 failed on purpose")
+    dist.barrier()
+    return {"rank": rank}
+
+
+def rank_1_hangs(rank: int, world_size: int, pids: str) -> dict[str, Any]:
+    """Every rank writes its session id to ``pids/rank{r}``, then rank 1 never returns."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(pids, f"rank{rank}").write_text(str(os.getsid(0)))
+    while rank == 1:  # a hung rank: the harness's deadline must end it
+        time.sleep(0.5)
+    dist.barrier()
+    return {"rank": rank}
