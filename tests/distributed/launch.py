@@ -2,7 +2,8 @@
 
 ``python -m tests.distributed.launch MODULE:FN WORLD TMP KWARGS`` imports torch,
 torch.distributed and the rank function's module, then forks ``WORLD`` ranks. Each rank is its
-own process, as under torchrun: ``rank_main.main`` sets up the process group, its output goes to
+own process, as under torchrun (their DataLoader workers fork from one fork server the launcher
+started with torch and the loader imported): ``rank_main.main`` sets up the process group, its output goes to
 ``TMP/rank{r}.log`` and its result to ``TMP/rank{r}.json``. A fresh interpreter per rank would
 import torch again in each (about 2 CPU-seconds on 2 busy cores, the largest part of a short
 rank); the fork is taken before any thread or process group exists, so the ranks start clean.
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch  # noqa: F401  (imported once here, inherited by every rank)
 import torch.distributed  # noqa: F401
@@ -37,8 +41,20 @@ from tests.distributed import rank_main
 GRACE_S = 5.0
 
 
+def _share_forkserver() -> None:
+    """In a rank: use the launcher's fork server, which imported torch and the loader once.
+
+    CPython checks its fork server with ``os.waitpid``, which fails in a process that did not
+    start it (a rank, forked after the server started); the server itself serves any process
+    that holds its address and its "alive" pipe, as a forked rank does.
+    """
+    server: Any = multiprocessing.forkserver._forkserver  # the process-wide one (private API)
+    server.ensure_running = lambda: None  # running: started by the launcher before the fork
+
+
 def _rank(target: str, rank: int, world_size: int, tmp: str, kwargs: dict[str, object]) -> int:
     """In the forked child: the rank, its output in ``rank{rank}.log``; its exit code."""
+    _share_forkserver()
     log = os.open(Path(tmp, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -57,6 +73,10 @@ def launch(target: str, world_size: int, tmp: str, kwargs: dict[str, object]) ->
     """Fork the ranks, wait for them; ``{rank: exit code}`` of those that ended."""
     module, _ = target.split(":")
     importlib.import_module(module)  # before the fork: each rank finds it imported
+    # One fork server for the ranks' DataLoader workers, not one per rank (each a fresh
+    # interpreter importing torch again); started before the fork, in this thread-free process.
+    multiprocessing.set_forkserver_preload(rank_main.FORKSERVER_PRELOAD)
+    multiprocessing.forkserver.ensure_running()
     sys.stdout.flush()
     sys.stderr.flush()
     pids: dict[int, int] = {}

@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+#: What the ranks' fork server imports before it forks DataLoader workers.
+FORKSERVER_PRELOAD = ["torch", "loader.torch.dataset", "loader.torch.mixdataset"]
+
 
 def main(target: str, rank: int, world_size: int, tmp: str, kwargs: dict[str, object]) -> None:
     torch.set_num_threads(1)  # several ranks share 2 cores in CI
     # Workers fork from a clean, thread-free server that already imported torch and loader.
-    multiprocessing.set_forkserver_preload(
-        ["torch", "loader.torch.dataset", "loader.torch.mixdataset"]
-    )
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
     module, name = target.split(":")
     fn = getattr(importlib.import_module(module), name)
 
