@@ -50,6 +50,7 @@ from shardprep.format.errors import InputError, OutputError
 from shardprep.format.interface import Interface
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_bytes, write_manifest
 from shardprep.format.shardformat import MANIFEST_NAME, index_name, shard_name
+from shardprep.format.threads import start_thread
 from shardprep.format.versions import VERSIONS_DIR
 from shardprep.out_lock import OutLock, hold_out
 from shardprep.resume_check import finished_shard_problem
@@ -493,8 +494,12 @@ class _Uploads:
             threading.Thread(target=self._run, name=f"shardprep-upload-{i}", daemon=True)
             for i in range(threads)
         ]
-        for thread in self._threads:
-            thread.start()
+        try:
+            for thread in self._threads:
+                start_thread(thread)
+        except BaseException:  # a Ctrl-C while they start: no thread is left waiting
+            self.stop()
+            raise
 
     def submit(self, record: ShardRecord) -> None:
         with self._done:
@@ -617,7 +622,7 @@ class RemoteDestination:
                 result.append(err)
 
         thread = threading.Thread(target=contact, name="shardprep-contact", daemon=True)
-        thread.start()
+        start_thread(thread)
         thread.join(CONTACT_TIMEOUT_S)
         if not result:
             raise OutputError(

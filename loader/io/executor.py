@@ -43,7 +43,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Executor", "Flag", "Job", "start_thread"]
+from shardprep.format.threads import start_thread
+
+__all__ = ["Executor", "Flag", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -82,24 +84,6 @@ class Flag:
             self._gate.release()  # (left held by an interrupt here: later waits see _set)
             return True
         return self._set
-
-
-def start_thread(thread: threading.Thread) -> None:
-    """``thread.start()``, raising the interrupt that cut it as that interrupt.
-
-    ``Thread.start`` waits on a ``threading.Event`` for the new thread to run. An interrupt
-    landing in that wait just after its ``Condition`` let go of its lock makes the ``with``
-    around it release the lock again: CPython raises ``RuntimeError('release unlocked lock')``
-    with the interrupt as its context (the thread has started). The caller gets the interrupt
-    (tests/unit/test_executor.py::test_an_interrupt_while_the_threads_start_is_the_interrupt).
-    """
-    try:
-        thread.start()
-    except RuntimeError as err:
-        interrupt = err.__context__
-        if interrupt is not None and not isinstance(interrupt, Exception):
-            raise interrupt from None
-        raise
 
 
 class _Jobs:

@@ -39,7 +39,7 @@ import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
 from loader.errors import RequestRefusedError
-from loader.io.executor import start_thread
+from shardprep.format.threads import start_thread
 
 __all__ = [
     "ObstoreBackend",

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from shardprep.format.errors import InputError, ShardprepError
 from shardprep.format.interface import CLI, Interface
+from shardprep.format.threads import start_thread
 from shardprep.scan.walk import FileEntry, Problems, is_skipped_name, walk_files
 from shardprep.storage import describe_error, endpoint_hint, is_url, open_url
 
@@ -169,7 +170,7 @@ def bounded(
             result.append((False, err))
 
     thread = threading.Thread(target=run, name="shardprep-list", daemon=True)
-    thread.start()
+    start_thread(thread)
     limit = CONTACT_TIMEOUT_S if timeout is None else timeout
     thread.join(limit)
     if not result:

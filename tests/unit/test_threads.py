@@ -1,0 +1,106 @@
+"""Ctrl-C while a thread starts (shardprep/format/threads.py): the caller gets the interrupt,
+never CPython's ``RuntimeError('release unlocked lock')``, and no thread is left behind.
+
+A KeyboardInterrupt is raised at each moment CPython may run a signal handler (a Python
+function starts, a call returns) inside the start, one run per moment, until a run is not cut.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from shardprep.destination import _Uploads
+from shardprep.format.threads import start_thread
+
+LEFT_WITHIN_S = 5.0
+
+
+# The code a start runs: CPython's threading and ours (not, e.g., a weakref callback that a
+# collection runs meanwhile, where CPython prints an interrupt and drops it; nor the return of
+# the constructor that started the threads, after which its caller owns them)
+WHERE = ("/threading.py", "/shardprep/format/threads.py")
+
+
+def _interrupt_at(n: int) -> Callable[[FrameType, str, Any], Any]:
+    seen = [0]
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event in ("call", "return") and frame.f_code.co_filename.endswith(WHERE):
+            seen[0] += 1
+            if seen[0] == n:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return trace
+
+    return trace
+
+
+def _cut_each(
+    start: Callable[[], object], after: Callable[[object | None], None]
+) -> tuple[int, list[tuple[int, str]]]:
+    """Run ``start`` cut at its 1st, 2nd, ... moment; (runs cut, errors other than the cut)."""
+    n, cut, other = 1, 0, []
+    while True:
+        made: object | None = None
+        sys.settrace(_interrupt_at(n))
+        try:
+            made = start()
+            done = True
+        except KeyboardInterrupt:
+            done, cut = False, cut + 1
+        except BaseException as err:  # recorded: the test fails naming it
+            done = False
+            other.append((n, repr(err)))
+        finally:
+            sys.settrace(None)
+        try:
+            after(made)
+        except AssertionError as failed:
+            raise AssertionError(f"after the run cut at moment {n} (cut: {not done}): {failed}")
+        if done:
+            return cut, other
+        n += 1
+
+
+def _left(prefix: str) -> list[str]:
+    deadline = time.monotonic() + LEFT_WITHIN_S
+    while True:
+        alive = [
+            t.name for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()
+        ]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)  # polling the threads' exits, bounded by LEFT_WITHIN_S
+
+
+def test_an_interrupt_while_a_thread_starts_is_the_interrupt() -> None:
+    release = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def start() -> None:
+        thread = threading.Thread(target=release.wait, name="test-start-one", daemon=True)
+        threads.append(thread)
+        start_thread(thread)
+
+    cut, other = _cut_each(start, lambda _: None)
+    release.set()
+    assert other == [] and cut > 5, (cut, other)
+    assert _left("test-start-one") == []
+
+
+def test_an_interrupt_while_the_upload_threads_start_leaves_none() -> None:
+    """The builder's upload threads (a remote OUT): the interrupt, and the threads started
+    before it are stopped, not left waiting for uploads that never come."""
+
+    def after(uploads: object | None) -> None:
+        if isinstance(uploads, _Uploads):
+            uploads.stop()
+        assert _left("shardprep-upload-") == []
+
+    cut, other = _cut_each(lambda: _Uploads(3, lambda record: None), after)
+    assert other == [] and cut > 10, (cut, other)
