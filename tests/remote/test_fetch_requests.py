@@ -152,3 +152,42 @@ def test_a_read_of_several_requests_lands_in_one_buffer(
         assert 5 + -(-(short - 5100) // 1000) <= got <= 5 + -(-(len(whole) - 5100) // 1000), got
     finally:
         ahead.close()
+
+
+def test_the_first_index_comes_back_with_the_next_ones_sent(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str]
+) -> None:
+    """The start of a remote epoch waits for one round trip of index GETs, not one per shard:
+    when the reader has its first shard's index, the indexes of the next four shards of the
+    epoch's order (``INDEX_AHEAD``) were sent already, and asking for the second sends no GET of
+    its own (docs/benchmarks-remote.md, "The first 0.2 s of a remote epoch")."""
+    import fsspec
+
+    source = Source(
+        uploaded["tar"], RemoteOptions(storage_options=s3.storage_options(proxy.endpoint))
+    )
+    manifest = source.manifest()
+    order = [3, 1, 4, 0, 6, 2, 7, 5]
+    ahead_of_first = 4  # INDEX_AHEAD (a constant here: the test must fail when it is 0)
+    assert len(manifest.shards) == len(order) > 1 + ahead_of_first
+    names = [manifest.shards[shard].index_file for shard in order]
+    proxy.latency = 0.3  # a round trip far longer than handing a job to a started thread
+    ahead = ReadAhead(
+        RemoteFetch(source, manifest), manifest, iter([]), order, Pace(8, 1 << 20, 1 << 20)
+    )
+    try:
+        since = len(proxy.requests)
+        first = ahead.index_bytes(order[0])
+        sent = [r.split("?")[0].rsplit("/", 1)[1] for r in proxy.requests[since:]]
+        assert sorted(sent) == sorted(names[: 1 + ahead_of_first])  # one round, all at once
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.storage_options())
+        assert first == fs.cat_file(f"{uploaded['tar']}/{names[0]}")
+        since = len(proxy.requests)
+        second = ahead.index_bytes(order[1])  # fetched ahead: the window moves on by one
+        assert second == fs.cat_file(f"{uploaded['tar']}/{names[1]}")
+        assert [r.split("?")[0].rsplit("/", 1)[1] for r in proxy.requests[since:]] in (
+            [],
+            [names[1 + ahead_of_first]],
+        )
+    finally:
+        ahead.close()
