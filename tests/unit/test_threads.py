@@ -61,7 +61,9 @@ def _cut_each(
         try:
             after(made)
         except AssertionError as failed:
-            raise AssertionError(f"after the run cut at moment {n} (cut: {not done}): {failed}")
+            raise AssertionError(
+                f"after the run cut at moment {n} (cut: {not done}): {failed}"
+            ) from None
         if done:
             return cut, other
         n += 1
