@@ -232,7 +232,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
                 engine_scope.close()
             finally:
                 destination.close()
-        except (KeyboardInterrupt, SystemError) as err:
+        except (KeyboardInterrupt, SystemError, RuntimeError) as err:
             if not is_interrupt(err):
                 raise
             for folder in scratch:  # its removal may be what the Ctrl-C cut short

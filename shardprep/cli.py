@@ -41,8 +41,8 @@ def _run(
         raise click.UsageError(str(err)) from err
     except ShardprepError as err:
         raise click.ClickException(str(err)) from err
-    except (KeyboardInterrupt, SystemError) as err:
-        if not is_interrupt(err):  # a SystemError that is not a Ctrl-C in disguise is a bug
+    except (KeyboardInterrupt, SystemError, RuntimeError) as err:
+        if not is_interrupt(err):  # an error that is not a Ctrl-C in disguise is a bug
             raise
         _ignore_interrupts()  # a second Ctrl-C must not cut the message short ("Aborted!")
         # BuildInterrupted says how to go on; for a bare Ctrl-C, ``advice`` may (else none).

@@ -213,21 +213,30 @@ class BuildInterrupted(KeyboardInterrupt):
 
 
 def is_interrupt(err: BaseException) -> bool:
-    """Whether ``err`` is a Ctrl-C: a KeyboardInterrupt, or one that C code turned into another error.
+    """Whether ``err`` is a Ctrl-C: a KeyboardInterrupt, or one that CPython reported as another error.
 
     The signal handler raises KeyboardInterrupt in whatever Python code runs next, which may
     be a callback inside a C function (an ``isinstance`` check inside ``os.fspath`` under
     ``numpy.fromfile``, say). CPython then reports ``SystemError: ... returned a result with
-    an exception set``, with the KeyboardInterrupt as its ``__cause__``. That is still Ctrl-C:
-    the build must give its advice and exit 130, not print a traceback.
+    an exception set``, with the KeyboardInterrupt as its ``__cause__``. Or it lands in
+    ``Thread.start``'s wait just after its ``Condition`` let go of its lock (a thread pool's
+    first task, say), and the ``with`` around it reports ``RuntimeError: release unlocked
+    lock`` with the KeyboardInterrupt as its ``__context__``. That is still Ctrl-C: the build
+    must give its advice and exit 130, not print a traceback
+    (tests/faults/test_disguised_interrupt.py).
     """
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         if isinstance(current, KeyboardInterrupt):
             return True
-        if not isinstance(current, SystemError):
+        if not isinstance(current, SystemError) and not _is_lock_release(current):
             return False
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+def _is_lock_release(err: BaseException) -> bool:
+    """CPython's error for a ``with`` that released a lock the interrupt had already released."""
+    return type(err) is RuntimeError and str(err) == "release unlocked lock"

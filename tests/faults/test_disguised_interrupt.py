@@ -1,11 +1,14 @@
-"""A Ctrl-C that C code reports as a SystemError is still a Ctrl-C (seen in CI).
+"""A Ctrl-C that CPython reports as a SystemError, or as ``Thread.start``'s RuntimeError, is still
+a Ctrl-C (both seen in CI).
 
 When SIGINT's handler raises KeyboardInterrupt inside Python code that a C function
 calls back (``os.fspath``'s ``isinstance`` check under ``numpy.fromfile``), CPython
 reports ``SystemError: <built-in function fspath> returned a result with an exception
-set`` with the KeyboardInterrupt as its ``__cause__``. The build must treat it as the
-Ctrl-C it is: the advice for its stage, exit 130, no traceback, scratch removed. A
-SystemError without a KeyboardInterrupt behind it is a bug and must stay visible.
+set`` with the KeyboardInterrupt as its ``__cause__``. When it lands in ``Thread.start``'s
+wait (a thread pool's first task), CPython reports ``RuntimeError: release unlocked lock`` with
+the KeyboardInterrupt as its ``__context__``. The build must treat either as the Ctrl-C it is:
+the advice for its stage, exit 130, no traceback, scratch removed. A SystemError or
+RuntimeError without a KeyboardInterrupt behind it is a bug and must stay visible.
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ def _disguised() -> SystemError:
             ) from interrupt
     except SystemError as err:
         return err
+
+
+def _cut_thread_start() -> RuntimeError:
+    """What ``Thread.start`` raises when the interrupt cut its wait: the interrupt its context."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("release unlocked lock")
+    except RuntimeError as err:
+        return err
+
+
+def test_is_interrupt_sees_through_a_cut_thread_start_only() -> None:
+    assert is_interrupt(_cut_thread_start())
+    assert not is_interrupt(RuntimeError("release unlocked lock"))  # no interrupt behind it
+    other = RuntimeError("another error")
+    other.__context__ = KeyboardInterrupt()
+    assert not is_interrupt(other)
 
 
 def test_is_interrupt_sees_through_system_errors_only() -> None:
@@ -92,6 +114,33 @@ def test_in_the_scan_it_says_run_again_and_exits_130(
         "interrupted before any shard was written: run the same command again"
     )
     assert not out.exists() or os.listdir(out) == []
+
+
+def test_a_cut_thread_start_in_the_scan_says_run_again_and_exits_130(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(InventoryStore, "freeze", _raise(_cut_thread_start()))
+    out = tmp_path / "out"
+    result = invoke("build", str(raw), str(out), "--shards", "4", "-j", "1")
+    assert result.exit_code == 130, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "interrupted before any shard was written: run the same command again"
+    )
+    assert "Traceback" not in result.stderr
+    assert not out.exists() or os.listdir(out) == []
+
+
+def test_a_runtime_error_that_is_no_interrupt_is_not_hidden(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(InventoryStore, "freeze", _raise(RuntimeError("release unlocked lock")))
+    from click.testing import CliRunner
+
+    from shardprep.cli import cli
+
+    result = CliRunner().invoke(cli, ["build", str(raw), str(tmp_path / "out"), "--shards", "4"])
+    assert isinstance(result.exception, RuntimeError), result.output
+    assert str(result.exception) == "release unlocked lock"
 
 
 def test_a_system_error_that_is_no_interrupt_is_not_hidden(
