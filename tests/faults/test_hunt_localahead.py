@@ -159,6 +159,10 @@ def test_a_read_error_on_the_thread_names_the_shard(copy: Path) -> None:
     assert _until(lambda: not _threads())
 
 
+# where the reader starts and joins its threads: the executor, through start_thread
+READER_THREADS = ("/loader/io/executor.py", "/shardprep/format/threads.py")
+
+
 def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     code = getattr(threading.Thread, name).__code__
     """A trace function that raises KeyboardInterrupt (as Python's SIGINT handler raises a
@@ -168,7 +172,7 @@ def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is code:
             caller = frame.f_back
-            if caller is not None and caller.f_code.co_filename.endswith("executor.py"):
+            if caller is not None and caller.f_code.co_filename.endswith(READER_THREADS):
                 sys.settrace(None)
                 raise KeyboardInterrupt
         return None

@@ -348,16 +348,20 @@ def test_a_shard_held_by_many_chunks_is_open_once(tmp_path: Path) -> None:
 # -------------------------------------------------------------------------- interrupts
 
 
+# where the reader starts and joins its threads: the executor, through start_thread
+READER_THREADS = ("/loader/io/executor.py", "/shardprep/format/threads.py")
+
+
 def _interrupt_when(name: str) -> Callable[[FrameType, str, Any], Any]:
     """A trace function raising KeyboardInterrupt (as Python's SIGINT handler does: in the
     main thread, at the code it runs) as the main thread enters ``threading.Thread.<name>``
-    called from ``loader/io/executor.py``: a moment a real Ctrl-C may land."""
+    called from ``loader/io/executor.py`` (or its ``start_thread``): a moment a real Ctrl-C may land."""
     code = getattr(threading.Thread, name).__code__
 
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "call" and frame.f_code is code:
             caller = frame.f_back
-            if caller is not None and caller.f_code.co_filename.endswith("executor.py"):
+            if caller is not None and caller.f_code.co_filename.endswith(READER_THREADS):
                 sys.settrace(None)
                 raise KeyboardInterrupt
         return None
