@@ -114,6 +114,8 @@ def probe(url: str, name: str, start: int, stop: int, spec: dict[str, Any], dead
     result = run_bounded(
         [
             sys.executable,
+            "-X",
+            "faulthandler",  # a crash at exit (SIGABRT, seen twice in CI sims) shows its stacks
             "-m",
             "tests.remote.read_probe",
             url,
@@ -125,7 +127,7 @@ def probe(url: str, name: str, start: int, stop: int, spec: dict[str, Any], dead
         timeout=deadline + STARTUP_S,
         cwd=ROOT,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
     return json.loads(result.stdout)
 
 
