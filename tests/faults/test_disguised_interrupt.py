@@ -14,6 +14,7 @@ RuntimeError without a KeyboardInterrupt behind it is a bug and must stay visibl
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,23 +104,11 @@ def test_after_the_last_shard_it_says_complete_and_exits_130(
     assert os.listdir(scratch) == []
 
 
+@pytest.mark.parametrize("disguise", [_disguised, _cut_thread_start])
 def test_in_the_scan_it_says_run_again_and_exits_130(
-    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disguise: Callable[[], Exception]
 ) -> None:
-    monkeypatch.setattr(InventoryStore, "freeze", _raise(_disguised()))
-    out = tmp_path / "out"
-    result = invoke("build", str(raw), str(out), "--shards", "4", "-j", "1")
-    assert result.exit_code == 130, result.output
-    assert result.stderr.splitlines()[-1] == (
-        "interrupted before any shard was written: run the same command again"
-    )
-    assert not out.exists() or os.listdir(out) == []
-
-
-def test_a_cut_thread_start_in_the_scan_says_run_again_and_exits_130(
-    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(InventoryStore, "freeze", _raise(_cut_thread_start()))
+    monkeypatch.setattr(InventoryStore, "freeze", _raise(disguise()))
     out = tmp_path / "out"
     result = invoke("build", str(raw), str(out), "--shards", "4", "-j", "1")
     assert result.exit_code == 130, result.output
@@ -130,27 +119,21 @@ def test_a_cut_thread_start_in_the_scan_says_run_again_and_exits_130(
     assert not out.exists() or os.listdir(out) == []
 
 
-def test_a_runtime_error_that_is_no_interrupt_is_not_hidden(
-    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("method", "error"),
+    [
+        ("source_bytes", SystemError("a real bug")),
+        ("freeze", RuntimeError("release unlocked lock")),  # no interrupt behind it
+    ],
+)
+def test_an_error_that_is_no_interrupt_is_not_hidden(
+    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, error: Exception
 ) -> None:
-    monkeypatch.setattr(InventoryStore, "freeze", _raise(RuntimeError("release unlocked lock")))
+    monkeypatch.setattr(InventoryStore, method, _raise(error))
     from click.testing import CliRunner
 
     from shardprep.cli import cli
 
     result = CliRunner().invoke(cli, ["build", str(raw), str(tmp_path / "out"), "--shards", "4"])
-    assert isinstance(result.exception, RuntimeError), result.output
-    assert str(result.exception) == "release unlocked lock"
-
-
-def test_a_system_error_that_is_no_interrupt_is_not_hidden(
-    raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(InventoryStore, "source_bytes", _raise(SystemError("a real bug")))
-    from click.testing import CliRunner
-
-    from shardprep.cli import cli
-
-    result = CliRunner().invoke(cli, ["build", str(raw), str(tmp_path / "out"), "--shards", "4"])
-    assert isinstance(result.exception, SystemError), result.output
-    assert str(result.exception) == "a real bug"
+    assert type(result.exception) is type(error), result.output
+    assert str(result.exception) == str(error)

@@ -264,20 +264,10 @@ def test_a_forked_child_starts_its_own_threads() -> None:
 CUT_EACH = """
 import sys, threading, time
 from loader.io.executor import JOIN_TIMEOUT_S, Executor
+from tests.interrupts import interrupt_at
 
 def hung():
     return TimeoutError("hung")
-
-def interrupt_at(n, events):
-    seen = [0]
-    def trace(frame, event, arg):
-        if event in events:
-            seen[0] += 1
-            if seen[0] == n:
-                sys.settrace(None)
-                raise KeyboardInterrupt
-        return trace
-    return trace
 
 def cut_each(make, work, events, name):
     n, cut, other = 1, 0, []

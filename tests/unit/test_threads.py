@@ -11,11 +11,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
 
 from shardprep.destination import _Uploads
 from shardprep.format.threads import start_thread
+from tests.interrupts import interrupt_at
 
 LEFT_WITHIN_S = 5.0
 
@@ -26,20 +25,6 @@ LEFT_WITHIN_S = 5.0
 WHERE = ("/threading.py", "/shardprep/format/threads.py")
 
 
-def _interrupt_at(n: int) -> Callable[[FrameType, str, Any], Any]:
-    seen = [0]
-
-    def trace(frame: FrameType, event: str, arg: Any) -> Any:
-        if event in ("call", "return") and frame.f_code.co_filename.endswith(WHERE):
-            seen[0] += 1
-            if seen[0] == n:
-                sys.settrace(None)
-                raise KeyboardInterrupt
-        return trace
-
-    return trace
-
-
 def _cut_each(
     start: Callable[[], object], after: Callable[[object | None], None]
 ) -> tuple[int, list[tuple[int, str]]]:
@@ -47,7 +32,7 @@ def _cut_each(
     n, cut, other = 1, 0, []
     while True:
         made: object | None = None
-        sys.settrace(_interrupt_at(n))
+        sys.settrace(interrupt_at(n, ("call", "return"), WHERE))
         try:
             made = start()
             done = True
