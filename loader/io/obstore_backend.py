@@ -22,14 +22,26 @@ used obstore hangs on its first request, whatever store it makes. This module
 records the process that started obstore (:func:`usable` is False in its
 forked children) so that ``Source`` reads with fsspec there instead. A process
 that never made an obstore request forks safely.
+
+Exit: obstore's threads hand every finished request to the loop
+(``call_soon_threadsafe``) and check a cancelled one (``Future.cancelled``) with the GIL.
+A thread that does so while the interpreter finalizes is stopped by CPython in the
+middle of Rust code, which aborts the process (SIGABRT), even after the program printed
+its result. So the loop's futures note when obstore's thread is done with them, and at
+exit (``atexit``) the requests still in flight are cancelled and the exit waits, up to
+``QUIESCE_S``, until obstore's threads have let go of every one
+(tests/remote/test_obstore_exit.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import os
 import re
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -52,6 +64,7 @@ __all__ = [
 T = TypeVar("T")
 PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs")
 LOOP_SLACK_S = 5.0  # beyond an attempt's deadline, for the loop thread itself to answer
+QUIESCE_S = 5.0  # at exit: how long to wait for obstore's threads to let go of the requests
 # fsspec-only keys with no meaning for a ranged GET: accepted and ignored
 _IGNORED = frozenset(
     {
@@ -75,6 +88,54 @@ _started_pid: int | None = None  # the process that made obstore's first request
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid = 0
 _stores: dict[tuple[Any, ...], Any] = {}
+_outstanding: set[_Request] = set()  # requests obstore's threads have not let go of yet
+_closing = False  # the interpreter is exiting: no new request
+
+
+class _Request(asyncio.Future[Any]):
+    """The future of one obstore request (made by ``_Loop.create_future``): it notes when
+    obstore's thread has made its last call into Python for it (the ``cancelled()``
+    check of a cancelled request, or the hand-over of its result)."""
+
+    released = False
+
+    def cancelled(self) -> bool:
+        cancelled = super().cancelled()
+        if cancelled and threading.get_ident() != self.get_loop()._thread_id:  # type: ignore[attr-defined]
+            _release(self)  # obstore's thread drops a cancelled request after this check
+        return cancelled
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    """This process's obstore loop: its futures are ``_Request``s, and a result handed over
+    from obstore's thread releases its request once the hand-over has returned."""
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return _Request(loop=self)
+
+    def call_soon_threadsafe(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        handle = super().call_soon_threadsafe(callback, *args, context=context)
+        if threading.get_ident() != self._thread_id:  # type: ignore[attr-defined]
+            for arg in args:
+                if isinstance(arg, _Request):
+                    _release(arg)
+        return handle
+
+
+def _track(future: Awaitable[T]) -> Awaitable[T]:
+    """Count ``future`` (an obstore request) as held by obstore's threads until released."""
+    if isinstance(future, _Request):
+        _outstanding.add(future)
+        if future.released:  # released before it was counted (a thread switch in between)
+            _outstanding.discard(future)
+    return future
+
+
+def _release(request: _Request) -> None:
+    request.released = True
+    _outstanding.discard(request)
 
 
 class UntranslatableOption(ValueError):
@@ -256,7 +317,10 @@ class ObstoreBackend:
         store, key = self._store(url)
         try:
             return memoryview(
-                _run(lambda: obstore.get_range_async(store, key, start=start, end=stop), deadline_s)
+                _run(
+                    lambda: _track(obstore.get_range_async(store, key, start=start, end=stop)),
+                    deadline_s,
+                )
             )
         except Exception as err:
             if _past_the_end(err):
@@ -274,7 +338,7 @@ class ObstoreBackend:
 
         def get() -> Awaitable[list[Any]]:
             return asyncio.gather(
-                *(obstore.get_range_async(store, key, start=a, end=b) for a, b in ranges)
+                *(_track(obstore.get_range_async(store, key, start=a, end=b)) for a, b in ranges)
             )
 
         try:
@@ -319,6 +383,8 @@ def _run(request: Callable[[], Awaitable[T]], deadline_s: float) -> T:
     need a running loop where they are made), cancelled at ``deadline_s``."""
     global _started_pid
     with _lock:
+        if _closing:
+            raise ConnectionError("the interpreter is exiting: no new obstore request")
         if _started_pid is None:
             _started_pid = os.getpid()
         loop = _process_loop()
@@ -338,11 +404,33 @@ def _process_loop() -> asyncio.AbstractEventLoop:
     """The event loop of this process's ``shardprep-obstore`` thread (started once)."""
     global _loop, _loop_pid
     if _loop is None or _loop_pid != os.getpid():
-        _loop = asyncio.new_event_loop()
+        _loop = _Loop()
         _loop_pid = os.getpid()
         thread = threading.Thread(target=_loop.run_forever, name="shardprep-obstore", daemon=True)
         start_thread(thread)
+        atexit.register(_quiesce, _loop)
     return _loop
+
+
+def _quiesce(loop: asyncio.AbstractEventLoop) -> None:
+    """At exit: cancel the requests still in flight and wait (up to ``QUIESCE_S``) until
+    obstore's threads have let go of every request (see the module docstring)."""
+    global _closing
+    if _loop_pid != os.getpid() or loop is not _loop:
+        return  # a forked child: obstore's threads are not here
+    with _lock:
+        _closing = True
+
+    async def cancel_all() -> None:
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    end = time.monotonic() + QUIESCE_S
+    if _outstanding:  # (a loop that does not answer in time: still wait for the threads)
+        concurrent.futures.wait([asyncio.run_coroutine_threadsafe(cancel_all(), loop)], QUIESCE_S)
+    while _outstanding and time.monotonic() < end:
+        time.sleep(0.002)
 
 
 def _status(err: BaseException) -> int | None:
