@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
 from shardprep.format.errors import LoaderError
@@ -39,14 +41,15 @@ class CorruptShardError(LoaderError, OSError):
         self, message: str, *, shard: str = "", key: str = "", offset: int = -1, reason: str = ""
     ) -> None:
         super().__init__(message)
+        if not shard:  # DataLoader's re-raise from a worker passes only its message
+            shard, key, offset, reason = _fields_in(message) or (shard, key, offset, reason)
         self.shard, self.key, self.offset, self.reason = shard, key, offset, reason
 
     @classmethod
     def at(cls, shard: str, key: str, offset: int, reason: str) -> CorruptShardError:
         """The error for sample ``key`` at byte ``offset`` of ``shard``."""
         return cls(
-            f"{shard}: sample {key!r} at offset {offset}: {reason}; run `shardprep verify` on "
-            "the output folder and rebuild or restore the shard",
+            f"{shard}: sample {key!r} at offset {offset}: {reason}{_ADVICE}",
             shard=shard,
             key=key,
             offset=offset,
@@ -117,6 +120,32 @@ class UnreachableError(LoaderError, ConnectionError):
 
 class WorldMismatchError(LoaderError, ValueError):
     """Rank and world size are inconsistent (e.g. rank >= world_size)."""
+
+
+_ADVICE = "; run `shardprep verify` on the output folder and rebuild or restore the shard"
+# what ``CorruptShardError.at`` writes, as the last line of the traceback that DataLoader's
+# re-raise from a worker puts in its message (``torch._utils.ExceptionWrapper``)
+_AT = re.compile(
+    r"CorruptShardError: (?P<shard>[^\n]+?): sample (?P<key>'(?:[^'\\\n]|\\.)*'|"
+    r'"(?:[^"\\\n]|\\.)*") at offset (?P<offset>-?\d+): (?P<reason>[^\n]*)'
+    + re.escape(_ADVICE)
+    + r"\s*$"
+)
+
+
+def _fields_in(message: str) -> tuple[str, str, int, str] | None:
+    """(shard, key, offset, reason) of a ``CorruptShardError.at`` message that a DataLoader
+    worker's traceback ends with; None for any other message."""
+    match = _AT.search(message)
+    if match is None or not message.startswith("Caught CorruptShardError"):
+        return None
+    try:
+        key = ast.literal_eval(match["key"])
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(key, str):
+        return None
+    return match["shard"], key, int(match["offset"]), match["reason"]
 
 
 def _rebuild(cls: type[Exception], message: str, attributes: dict[str, Any]) -> Exception:

@@ -70,7 +70,7 @@ def _one(
 ) -> dict[str, Any]:
     import torch.utils.data
 
-    from loader import ReadOptions, RemoteOptions, ShardDataset
+    from loader import CorruptShardError, ReadOptions, RemoteOptions, ShardDataset
 
     remote = None
     if is_url(out):
@@ -88,8 +88,15 @@ def _one(
     for epoch in range(options.epochs):
         samples = 0
         began = time.perf_counter()
-        for batch in ds.timed(loader):
-            samples += len(batch["__key__"])
+        try:
+            for batch in ds.timed(loader):
+                samples += len(batch["__key__"])
+        except CorruptShardError as err:
+            if not (workers and err.shard):
+                raise
+            # from a worker, the message is DataLoader's traceback: name the sample first
+            reason = f"{err.reason} (in a DataLoader worker, {workers} workers)"
+            raise CorruptShardError.at(err.shard, err.key, err.offset, reason) from err
         wall = time.perf_counter() - began
         stats = ds.epoch_stats()
         if stats.samples != samples:  # the counters and the loop must agree exactly

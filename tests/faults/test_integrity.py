@@ -55,6 +55,53 @@ def test_flipped_byte_in_a_plain_sample_names_that_sample(built: Path, tmp_path:
     assert delivered == _keys_before(out, 4) + [index.key(i) for i in range(victim)]
 
 
+def test_the_error_from_a_dataloader_worker_keeps_shard_key_offset_and_reason(
+    built: Path, tmp_path: Path
+) -> None:
+    """DataLoader re-raises a worker's error from its message alone; the fields come back."""
+    from torch.utils.data import DataLoader
+
+    out = copy_output(built, tmp_path / "out")
+    index = index_of(out, 4)
+    member = int(index.member_start[6])
+    _flip(out / "shard-00004.tar", int(index.member_offset[member]) + 3)
+    with pytest.raises(CorruptShardError) as here:
+        list(ShardDataset(str(out), shuffle=False))
+    loader = DataLoader(ShardDataset(str(out), shuffle=False), batch_size=None, num_workers=1)
+    with pytest.raises(CorruptShardError) as there:
+        list(loader)
+    assert str(there.value).startswith("Caught CorruptShardError in DataLoader worker process 0")
+    fields = ("shard", "key", "offset", "reason")
+    assert [getattr(there.value, f) for f in fields] == [getattr(here.value, f) for f in fields]
+    assert (there.value.shard, there.value.key) == (str(out / "shard-00004.tar"), index.key(6))
+
+
+@pytest.mark.parametrize(
+    "key", ["plain", "it's", 'say "hi"', "a: sample 'x' at offset 3: b", "back\\slash", "ünï"]
+)
+def test_the_fields_are_read_back_whatever_the_key(key: str) -> None:
+    original = CorruptShardError.at("s3://b/o: x/shard-00001.tar", key, 17, "checksum mismatch")
+    wrapped = (
+        "Caught CorruptShardError in DataLoader worker process 1.\nOriginal Traceback (most "
+        f'recent call last):\n  File "x.py", line 1, in f\nloader.errors.CorruptShardError: '
+        f"{original}\n"
+    )
+    again = CorruptShardError(wrapped)
+    assert (again.shard, again.key, again.offset, again.reason) == (
+        "s3://b/o: x/shard-00001.tar",
+        key,
+        17,
+        "checksum mismatch",
+    )
+    # a message not from a worker, or not written by ``at``, leaves the fields empty
+    assert CorruptShardError(str(original)).shard == ""
+    plain = CorruptShardError.at("shard-00001.tar", "k", 17, "checksum mismatch")
+    assert CorruptShardError(wrapped.replace(str(original), str(plain))).shard == "shard-00001.tar"
+    assert (
+        CorruptShardError(wrapped.replace(str(original), "shard-00001.tar: short read")).shard == ""
+    )
+
+
 def test_skip_replaces_exactly_the_damaged_sample(built: Path, tmp_path: Path) -> None:
     out = copy_output(built, tmp_path / "out")
     index = index_of(out, 2)

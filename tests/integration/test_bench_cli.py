@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from loader.read.telemetry import STAGES
 from shardprep.cli import cli
 from shardprep.cli_bench import parse_workers, pick
+from tests.faults.shard_surgery import copy_output, index_of
 
 
 def test_bench_json_per_worker_count(built: Path) -> None:
@@ -54,6 +55,23 @@ def test_bench_refuses_bad_input(built: Path, tmp_path: Path) -> None:
     assert not_out.exit_code == 1 and "no manifest" in not_out.stderr
     cache = runner.invoke(cli, ["bench", str(built), "--cache-dir", str(tmp_path / "c")])
     assert cache.exit_code == 2 and "only for a URL OUT" in cache.stderr
+
+
+def test_bench_names_a_damaged_sample_first_also_from_workers(built: Path, tmp_path: Path) -> None:
+    out = copy_output(built, tmp_path / "out")
+    index = index_of(out, 3)
+    member = int(index.member_start[2])
+    data = bytearray((out / "shard-00003.tar").read_bytes())
+    data[int(index.member_offset[member]) + 3] ^= 0x55
+    (out / "shard-00003.tar").write_bytes(bytes(data))
+    first = f"Error: {out / 'shard-00003.tar'}: sample {index.key(2)!r} at offset "
+    for workers, where in (("0", ""), ("1", " (in a DataLoader worker, 1 workers)")):
+        result = CliRunner().invoke(cli, ["bench", str(out), "--workers", workers])
+        assert result.exit_code == 1, result.output
+        assert result.stderr.splitlines()[-1].startswith(first), result.stderr
+        advice = "; run `shardprep verify` on the output folder and rebuild or restore the shard"
+        assert result.stderr.splitlines()[-1].endswith(f"damaged{where}{advice}"), result.stderr
+        assert "Caught CorruptShardError" not in result.stderr
 
 
 def test_parse_workers_and_pick() -> None:
