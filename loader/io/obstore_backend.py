@@ -28,9 +28,10 @@ Exit: obstore's threads hand every finished request to the loop
 A thread that does so while the interpreter finalizes is stopped by CPython in the
 middle of Rust code, which aborts the process (SIGABRT), even after the program printed
 its result. So the loop's futures note when obstore's thread is done with them, and at
-exit (``atexit``) the requests still in flight are cancelled and the exit waits, up to
-``QUIESCE_S``, until obstore's threads have let go of every one
-(tests/remote/test_obstore_exit.py).
+exit (``atexit``) no request starts any more (a request submitted just before is refused on
+the loop thread), the requests in flight are cancelled, and the exit waits, up to
+``QUIESCE_S``, until obstore's threads have let go of every one and have left the Python
+code they were running when they did (tests/remote/test_obstore_exit.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import atexit
 import concurrent.futures
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -89,6 +91,7 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid = 0
 _stores: dict[tuple[Any, ...], Any] = {}
 _outstanding: set[_Request] = set()  # requests obstore's threads have not let go of yet
+_releasers: set[int] = set()  # the threads (obstore's) that let go of a request
 _closing = False  # the interpreter is exiting: no new request
 
 
@@ -134,8 +137,18 @@ def _track(future: Awaitable[T]) -> Awaitable[T]:
 
 
 def _release(request: _Request) -> None:
+    """Called by obstore's thread: its last call into Python for ``request`` (it returns
+    from Python soon after: ``_quiesce`` waits for that too)."""
+    _releasers.add(threading.get_ident())
     request.released = True
     _outstanding.discard(request)
+
+
+def _held() -> bool:
+    """Whether obstore's threads may still call into Python: a request not released, or a
+    thread that released one still running Python code (it would take the GIL back)."""
+    running = set(sys._current_frames()) - {threading.get_ident()}
+    return bool(_outstanding) or not _releasers.isdisjoint(running)
 
 
 class UntranslatableOption(ValueError):
@@ -390,6 +403,8 @@ def _run(request: Callable[[], Awaitable[T]], deadline_s: float) -> T:
         loop = _process_loop()
 
     async def bounded() -> T:
+        if _closing:  # submitted before the exit began, run after it: no request starts
+            raise ConnectionError("the interpreter is exiting: no new obstore request")
         return await asyncio.wait_for(request(), deadline_s)
 
     future = asyncio.run_coroutine_threadsafe(bounded(), loop)
@@ -427,9 +442,10 @@ def _quiesce(loop: asyncio.AbstractEventLoop) -> None:
                 task.cancel()
 
     end = time.monotonic() + QUIESCE_S
-    if _outstanding:  # (a loop that does not answer in time: still wait for the threads)
-        concurrent.futures.wait([asyncio.run_coroutine_threadsafe(cancel_all(), loop)], QUIESCE_S)
-    while _outstanding and time.monotonic() < end:
+    # always: a request may have started but not be counted yet (a thread switch in between)
+    # (a loop that does not answer in time: still wait for the threads)
+    concurrent.futures.wait([asyncio.run_coroutine_threadsafe(cancel_all(), loop)], QUIESCE_S)
+    while _held() and time.monotonic() < end:
         time.sleep(0.002)
 
 
