@@ -136,6 +136,13 @@ def _track(future: Awaitable[T]) -> Awaitable[T]:
     return future
 
 
+def _read_error(future: asyncio.Future[Any]) -> None:
+    """Mark ``future``'s error as read: a gather cancelled with its awaiting task (the exit's
+    cancel) holds a CancelledError that asyncio would otherwise log as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _release(request: _Request) -> None:
     """Called by obstore's thread: its last call into Python for ``request`` (it returns
     from Python soon after: ``_quiesce`` waits for that too)."""
@@ -350,9 +357,11 @@ class ObstoreBackend:
         store, key = self._store(url)
 
         def get() -> Awaitable[list[Any]]:
-            return asyncio.gather(
+            gathered = asyncio.gather(
                 *(_track(obstore.get_range_async(store, key, start=a, end=b)) for a, b in ranges)
             )
+            gathered.add_done_callback(_read_error)
+            return gathered
 
         try:
             return [bytes(part) for part in _run(get, deadline_s)]
