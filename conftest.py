@@ -142,9 +142,9 @@ def doc_page(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with multi-process jobs first; the doc pages' CPU warning ignored.
 
-    Under ``pytest -n 2 --dist loadfile`` each file runs whole on one worker, handed out in
+    Under ``pytest -n 3 --dist loadfile`` each file runs whole on one worker, handed out in
     collection order: a file of torchrun/Lightning/Ray jobs (marked ``slow`` or
-    ``distributed``) that came last would run alone at the end while the other worker idles,
+    ``distributed``) that came last would run alone at the end while the other workers idle,
     so those files go first (longest-first scheduling); the order within a file is kept.
     The pages are written for GPU machines: on CPU, torch warns about pin_memory=True.
     """
