@@ -14,7 +14,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -45,7 +44,7 @@ from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.out_spill import OutSpill
 from shardprep.plan_store import plan_to_files
 from shardprep.scan import InputFormat, detect_format, scan
-from shardprep.scratch import OwnedFolder, sweep_stale
+from shardprep.scratch import OwnedFolder, remove_tree, sweep_stale
 from shardprep.spill import InventoryStore, StoreFolder
 from shardprep.storage import is_url, local_path
 from shardprep.transform import MapError, SampleMap
@@ -236,7 +235,7 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
             if not is_interrupt(err):
                 raise
             for folder in scratch:  # its removal may be what the Ctrl-C cut short
-                shutil.rmtree(folder, ignore_errors=True)
+                remove_tree(folder)
             if isinstance(err, BuildInterrupted):
                 raise
             raise _interrupted(destination, config, stage, progress) from err

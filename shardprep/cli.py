@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import click
 
 from shardprep.format.errors import BuildInterrupted, PlanError, ShardprepError, is_interrupt
+from shardprep.format.interrupts import redeliver_dropped
 from shardprep.storage import is_url
 
 __all__ = ["main"]
@@ -537,6 +538,7 @@ class _OwnProcess:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``shardprep``, ``python -m shardprep``); exits the process."""
+    redeliver_dropped()  # a Ctrl-C that CPython drops in a callback still stops the command
     cli.main(
         args=argv if argv is not None else sys.argv[1:], prog_name="shardprep", obj=_OwnProcess()
     )

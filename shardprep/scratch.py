@@ -31,7 +31,9 @@ import stat
 import tempfile
 from types import TracebackType
 
-__all__ = ["LOCK_NAME", "OwnedFolder", "sweep_stale"]
+from shardprep.format.interrupts import deferred
+
+__all__ = ["LOCK_NAME", "OwnedFolder", "remove_tree", "sweep_stale"]
 
 LOCK_NAME = "shardprep.lock"
 PREFIXES = ("shardprep-build-", "shardprep-staging-")
@@ -57,11 +59,13 @@ class OwnedFolder:
             raise
 
     def close(self) -> None:
-        """Remove the folder, then release its lock (idempotent)."""
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Remove the folder, then release its lock (idempotent). A Ctrl-C meanwhile is raised
+        when both are done (see :func:`remove_tree`)."""
+        with deferred():
+            shutil.rmtree(self.path, ignore_errors=True)
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def __enter__(self) -> str:
         return self.path
@@ -73,6 +77,14 @@ class OwnedFolder:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)``, with a Ctrl-C meanwhile raised after it: one
+    that cuts CPython 3.11's rmtree between a close and its record closes that descriptor twice
+    (OSError instead of the interrupt; see :mod:`shardprep.format.interrupts`)."""
+    with deferred():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep_stale(folder: str | None = None) -> list[str]:
@@ -111,7 +123,7 @@ def _remove_if_stale(path: str) -> bool:
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return False  # its build is alive
             raise
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
         return not os.path.lexists(path)
     except OSError:
         return False

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
 
+from shardprep.format.interrupts import deferred
 from shardprep.format.lifeline import watch_parent
 
 __all__ = ["WorkerPool", "mp_context", "worker_pool"]
@@ -115,40 +116,29 @@ def worker_pool(
     read that never returns) kills the workers first instead of waiting for them.
     """
     main = threading.current_thread() is threading.main_thread()
-    ctrl_c = None
-    if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        ctrl_c = threading.Event()
-        record = ctrl_c  # bound now: the handler must not see a later rebinding
-
-        def on_sigint(_signum: int, _frame: object) -> None:
-            record.set()
-
-        previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    # The main thread records a Ctrl-C (polled; one during the final shutdown is raised after it).
     # Another thread blocks SIGINT for itself; the workers it forks inherit the mask.
-    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set() if main else _SIGINT)
-    try:
-        executor = ProcessPoolExecutor(
-            workers,
-            mp_context=context or mp_context(),
-            initializer=_start_worker,
-            initargs=(initializer, initargs),
-        )
+    with deferred() as ctrl_c:
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set() if main else _SIGINT)
         try:
-            yield WorkerPool(executor, ctrl_c)
-        except BaseException as err:
-            if stop is not None:
-                stop()
-            if isinstance(err, kill_on):
-                _kill_workers(executor)
-            executor.shutdown(wait=True, cancel_futures=True)
-            raise
-        executor.shutdown(wait=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
-        if ctrl_c is not None:
-            signal.signal(signal.SIGINT, previous_handler)
-    if ctrl_c is not None and ctrl_c.is_set():  # a Ctrl-C during the final shutdown
-        raise KeyboardInterrupt
+            executor = ProcessPoolExecutor(
+                workers,
+                mp_context=context or mp_context(),
+                initializer=_start_worker,
+                initargs=(initializer, initargs),
+            )
+            try:
+                yield WorkerPool(executor, ctrl_c)
+            except BaseException as err:
+                if stop is not None:
+                    stop()
+                if isinstance(err, kill_on):
+                    _kill_workers(executor)
+                executor.shutdown(wait=True, cancel_futures=True)
+                raise
+            executor.shutdown(wait=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
 
 
 def _kill_workers(executor: ProcessPoolExecutor) -> None:

@@ -4,6 +4,7 @@ scripts of tests/unit/test_executor.py)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -13,11 +14,13 @@ __all__ = ["interrupt_at"]
 
 
 def interrupt_at(
-    n: int, events: Sequence[str], where: tuple[str, ...] = ()
+    n: int, events: Sequence[str], where: tuple[str, ...] = (), by_signal: bool = False
 ) -> Callable[[FrameType, str, Any], Any]:
     """A trace function (``sys.settrace``) raising KeyboardInterrupt at the ``n``-th of
-    ``events`` (``"call"``: a Python function starts; ``"return"``: a call returns), counting
-    only code in files whose path ends with one of ``where`` (all code when empty)."""
+    ``events`` (``"call"``: a Python function starts; ``"return"``: a call returns; ``"line"``:
+    a line starts), counting only code in files whose path ends with one of ``where`` (all
+    code when empty). ``by_signal``: send SIGINT instead, as a Ctrl-C does: SIGINT's handler
+    decides (Python's default raises KeyboardInterrupt there and then)."""
     seen = [0]
 
     def trace(frame: FrameType, event: str, arg: Any) -> Any:
@@ -25,7 +28,10 @@ def interrupt_at(
             seen[0] += 1
             if seen[0] == n:
                 sys.settrace(None)
-                raise KeyboardInterrupt
+                if by_signal:
+                    signal.raise_signal(signal.SIGINT)  # runs the Python handler before returning
+                else:
+                    raise KeyboardInterrupt
         return trace
 
     return trace

@@ -166,13 +166,9 @@ def test_sigint_loop_always_exits_130_and_resumes_byte_identical(tmp_path: Path)
         assert took < EXIT_DEADLINE_S, context
         # the scratch folder goes too, even when the signal cut its removal short
         assert list(scratch.iterdir()) == [], context
-        if code == 0:
-            # CPython drops a KeyboardInterrupt raised in an import lock's callback (printing
-            # this) and the build carries on: it finished, the only acceptable traceback.
-            ignored = b"Exception ignored in: <function _get_module_lock.<locals>.cb"
-            assert b"Traceback" not in build.stderr.replace(ignored, b""), build.stderr
-        else:
-            assert b"Traceback" not in build.stderr, build.stderr.decode(errors="replace")
+        # not even where CPython dropped the interrupt in a callback (an import lock's, a
+        # weakref's): the CLI sends it again (shardprep/format/interrupts.py)
+        assert b"Traceback" not in build.stderr, build.stderr.decode(errors="replace")
         if code == 0:  # finished before the signal: it must be the uninterrupted output
             outcomes["finished"] += 1
             assert tree_hashes(out) == expected, context
