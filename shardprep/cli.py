@@ -81,6 +81,10 @@ class _Group(click.Group):
         **extra: Any,
     ) -> click.Context:
         try:
+            if isinstance(extra.get("obj"), _OwnProcess):
+                # a Ctrl-C that CPython drops in a callback still stops the command (here, not
+                # before cli.main: one that lands while its thread starts is handled below)
+                redeliver_dropped()
             return super().make_context(info_name, args, parent, **extra)
         except KeyboardInterrupt:
             _interrupted_early("command", isinstance(extra.get("obj"), _OwnProcess))
@@ -538,7 +542,6 @@ class _OwnProcess:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``shardprep``, ``python -m shardprep``); exits the process."""
-    redeliver_dropped()  # a Ctrl-C that CPython drops in a callback still stops the command
     cli.main(
         args=argv if argv is not None else sys.argv[1:], prog_name="shardprep", obj=_OwnProcess()
     )
