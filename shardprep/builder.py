@@ -107,12 +107,19 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
 
         return build_from_iterable(raw, out, **options)
     raw = os.fspath(raw)
-    sweep_stale()  # killed builds' scratch and staging folders (only those), whatever follows
     config = BuildConfig(**options)
     started = time.perf_counter()
     stage = _Stage.CHECK
     progress = _Progress()  # what this build knows OUT holds, for the advice after a failure
-    destination = open_destination(out, config)
+    try:
+        sweep_stale()  # killed builds' scratch and staging folders (only those), whatever follows
+        # a URL's client is made here (s3fs: ~0.5 s); nothing is written yet, so a Ctrl-C gets
+        # the advice to run it again, also where the CLI cannot look at OUT (a URL)
+        destination = open_destination(out, config)
+    except BaseException as err:
+        if is_interrupt(err) and not isinstance(err, BuildInterrupted):
+            raise _before_any_shard(config) from err
+        raise
     engine_scope = contextlib.ExitStack()  # the engine is closed when the build ends
     scratch: list[str] = []  # the scratch folder, once made
     try:
@@ -473,9 +480,12 @@ def _interrupted(
         return BuildInterrupted(
             f"interrupted after the build finished: {out} is complete", resumable=False
         )
-    return BuildInterrupted(
-        f"interrupted before any shard was written: {interface.again()}", resumable=False
-    )
+    return _before_any_shard(config)
+
+
+def _before_any_shard(config: BuildConfig) -> BuildInterrupted:
+    again = config.interface.again()
+    return BuildInterrupted(f"interrupted before any shard was written: {again}", resumable=False)
 
 
 def _scan(
