@@ -37,6 +37,7 @@ from shardprep.format.errors import (
     is_interrupt,
 )
 from shardprep.format.interface import CLI
+from shardprep.format.interrupts import deferred
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
 from shardprep.format.versions import appended_manifest, manifest_version
@@ -135,8 +136,9 @@ def build(raw: str | os.PathLike[str] | Iterable[Any], out: str, **options: Any)
         base = find_base(destination.read_out, out, config) if config.append else None
         engine = engine_scope.enter_context(open_engine(_engine_options(config)))
         # Whole-dataset metadata lives in column files in a private scratch folder.
-        work = engine_scope.enter_context(OwnedFolder("shardprep-build-"))
-        scratch.append(work)
+        with deferred():  # made and registered for removal, or a Ctrl-C after both
+            work = engine_scope.enter_context(OwnedFolder("shardprep-build-"))
+            scratch.append(work)
         with _scratch_errors(work):
             # → Inventory: one entry per sample, metadata only (on disk)
             inventory, layout = _scan(raw, config, engine, os.path.join(work, "inventory"), spill)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -123,6 +124,11 @@ def _exit_130() -> NoReturn:
     tests/faults/test_interrupt.py, which accepts 130 only.
     """
     exec("")  # resets CPython's "unhandled KeyboardInterrupt" record (see above)
+    # The requests in flight when Ctrl-C came are abandoned on purpose; as their connections
+    # close at exit, asyncio would print each one's error ("Task exception was never retrieved",
+    # aiohttp's "Cannot write to closing transport": a fault hunt, after the advice, for a URL
+    # OUT). Tested by tests/unit/test_interrupts.py::test_the_exit_after_a_ctrl_c_is_quiet.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     sys.exit(130)
 
 
