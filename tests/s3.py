@@ -1,6 +1,6 @@
 """A real S3-compatible server on 127.0.0.1 for tests and benchmarks, and a TCP proxy that
 makes loopback behave like a remote region (latency, per-connection bandwidth) or a bad one
-(connections cut mid-body).
+(connections cut mid-body, answers held back until the client gives up).
 
 ``S3Server`` runs moto's server mode (``moto[server]``) as a child process in its own
 session; ``stop()`` SIGKILLs the whole session, and every wait has a deadline. ``Proxy`` runs
@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -152,7 +153,10 @@ class Proxy:
     ``latency`` seconds are added before every client→server chunk (one request, in
     practice), server→client bytes are paced at ``bandwidth`` bytes/s per connection
     (None: unpaced), ``requests`` records every request line it forwards, and ``cut_next(n, after)`` closes the next ``n`` connections that carry
-    more than ``after`` bytes server→client right after those bytes (a body cut mid-transfer).
+    more than ``after`` bytes server→client right after those bytes (a body cut mid-transfer),
+    and ``stall(match)`` holds back the answer to every request whose request line ``match``
+    accepts until the client closes that connection (``stalled``: such requests seen,
+    ``abandoned``: their connections the client closed; ``wait_for`` waits for a count).
     """
 
     def __init__(
@@ -165,6 +169,10 @@ class Proxy:
         self.connections = 0
         self.cuts = 0
         self.requests: list[str] = []  # "GET /bucket/key?query" per request, in arrival order
+        self.stalled = 0
+        self.abandoned = 0
+        self._stall: Callable[[str], bool] | None = None
+        self._changed = threading.Condition()
         self._cut_budget = 0
         self._cut_after = 0
         self._lock = threading.Lock()
@@ -181,6 +189,21 @@ class Proxy:
         with self._lock:
             self._cut_budget = n
             self._cut_after = after
+
+    def stall(self, match: Callable[[str], bool] | None) -> None:
+        """Hold back the answers to requests whose line (``"GET /bucket/key?query"``) ``match``
+        accepts, from now on (None: none)."""
+        self._stall = match
+
+    def wait_for(self, counter: str, n: int, timeout: float) -> bool:
+        """Whether ``counter`` (``"stalled"`` or ``"abandoned"``) reached ``n`` within ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: getattr(self, counter) >= n, timeout)
+
+    def _count(self, counter: str) -> None:
+        with self._changed:
+            setattr(self, counter, getattr(self, counter) + 1)
+            self._changed.notify_all()
 
     def start(self) -> Proxy:
         self._thread.start()
@@ -222,29 +245,43 @@ class Proxy:
             client_w.close()
             return
         self._writers |= {client_w, server_w}
-        up = asyncio.ensure_future(self._upstream(client_r, server_w))
-        down = asyncio.ensure_future(self._downstream(server_r, client_w))
+        held = asyncio.Event()  # the answer to this connection's request is held back (stall)
+        up = asyncio.ensure_future(self._upstream(client_r, server_w, held))
+        down = asyncio.ensure_future(self._downstream(server_r, client_w, held))
         await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        if held.is_set() and up.done():  # the client closed while its answer was held
+            self._count("abandoned")
         for task in (up, down):
             task.cancel()
         for writer in (client_w, server_w):
             writer.close()
             self._writers.discard(writer)
 
-    async def _upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _upstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: asyncio.Event
+    ) -> None:
         while data := await reader.read(65536):
             method, _, rest = data[:2048].partition(b" ")
             if method in _METHODS:  # a chunk that starts a request (aiohttp does not pipeline)
+                line = f"{method.decode()} {rest.split(b' ', 1)[0].decode()}"
                 with self._lock:
-                    self.requests.append(f"{method.decode()} {rest.split(b' ', 1)[0].decode()}")
+                    self.requests.append(line)
+                match = self._stall
+                if match is not None and match(line):
+                    held.set()
+                    self._count("stalled")
             if self.latency:
                 await asyncio.sleep(self.latency)
             writer.write(data)
             await writer.drain()
 
-    async def _downstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _downstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: asyncio.Event
+    ) -> None:
         sent = 0
         while data := await reader.read(65536):
+            if held.is_set():  # stalled: nothing more reaches the client (it gives up first)
+                await asyncio.Future()
             if sent + len(data) > self._cut_after and self._take_cut():
                 writer.write(data[: max(0, self._cut_after - sent)])
                 await writer.drain()

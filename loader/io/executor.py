@@ -19,7 +19,10 @@ views of buffers that a pool reuses only once no view of them is left.
 
 Threads start at the first job, in the process that submits it (never in a process that forks
 DataLoader workers before reading: it submits nothing), are daemons, and stop in ``close()``
-(each after its current job, joined within ``JOIN_TIMEOUT_S``). A process forked while they
+(each after its current job, all joined within ``JOIN_TIMEOUT_S`` in total). A job that waits
+on something it can abandon (a remote request in flight) registers how to with
+:func:`cancel_on_close` for the length of that wait: ``close()`` calls it before it joins, so
+leaving an epoch midway does not wait for the reads in flight to finish. A process forked while they
 run has none: its first job starts its own. With ``threads=0`` nothing runs ahead: every job is
 run by the caller when it asks for it.
 
@@ -39,19 +42,26 @@ import os
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from shardprep.format.threads import start_thread
 
-__all__ = ["Executor", "Flag", "Job"]
+__all__ = ["Cancelled", "Executor", "Flag", "Job", "cancel_on_close"]
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current job
 POLL_S = 1.0  # an idle thread looks at the closed event this often
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
+_running = threading.local()  # .cancels: the _Cancels of the executor whose thread this is
+
+
+class Cancelled(Exception):  # noqa: N818 (what happened, as concurrent.futures names it)
+    """A wait a job gave up because its executor was closed (the job's result is wanted by
+    no one: the reader that submitted it has let go)."""
 
 
 class Flag:
@@ -84,6 +94,69 @@ class Flag:
             self._gate.release()  # (left held by an interrupt here: later waits see _set)
             return True
         return self._set
+
+
+class _Cancels:
+    """How to abandon the waits an executor's jobs are in now; ``fire`` (at close) calls each,
+    and any registered after it, at once. C-level lock only (see the module docstring)."""
+
+    __slots__ = ("_fired", "_hooks", "_lock", "_next")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hooks: dict[int, Callable[[], object]] = {}
+        self._next = 0
+        self._fired = False
+
+    def add(self, hook: Callable[[], object]) -> int | None:
+        """Register ``hook``; its token, or None when already fired (the caller calls it)."""
+        with self._lock:
+            if self._fired:
+                return None
+            self._next += 1
+            self._hooks[self._next] = hook
+            return self._next
+
+    def discard(self, token: int) -> None:
+        with self._lock:
+            self._hooks.pop(token, None)
+
+    def fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            hooks, self._hooks = list(self._hooks.values()), {}
+        for hook in hooks:
+            hook()
+
+
+class cancel_on_close:  # noqa: N801 (a context manager used as a function)
+    """``with cancel_on_close(hook) as scope:`` around a wait that ``hook()`` abandons (say, a
+    request future's ``cancel``): if the executor running this job is closed meanwhile,
+    ``hook`` is called once (at once if it was closed before) and ``scope.cancelled`` is true.
+    Outside an executor's thread (the caller running a job itself) it does nothing."""
+
+    __slots__ = ("_cancels", "_hook", "_token", "cancelled")
+
+    def __init__(self, hook: Callable[[], object]) -> None:
+        self._hook = hook
+        self._cancels: _Cancels | None = getattr(_running, "cancels", None)
+        self._token: int | None = None
+        self.cancelled = False
+
+    def _fire(self) -> None:
+        self.cancelled = True
+        self._hook()
+
+    def __enter__(self) -> cancel_on_close:
+        if self._cancels is not None:
+            self._token = self._cancels.add(self._fire)
+            if self._token is None:
+                self._fire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None and self._cancels is not None:
+            self._cancels.discard(self._token)
 
 
 class _Jobs:
@@ -168,6 +241,7 @@ class Executor:
         # collector if the executor is dropped unclosed; the threads see it within POLL_S
         # even if no sentinel reaches them (an interrupt inside close)
         self._closed = Flag()
+        self._cancels = _Cancels()  # the waits of the jobs running now, abandoned at close
         self._stop: weakref.finalize[Any, Executor] | None = None
         # (still there when a generator is closed at interpreter exit, after the modules'
         # globals are gone: the daemon threads then end with the process)
@@ -236,7 +310,10 @@ class Executor:
             self._threads = []
             self._pid = pid
             # dropped unclosed (an interrupt before close ran): the collector stops them
-            self._stop = weakref.finalize(self, _stop, self._queue, self._closed, self.size)
+            self._cancels = _Cancels()  # (a fork's copy may hold the parent's waits)
+            self._stop = weakref.finalize(
+                self, _stop, self._queue, self._closed, self._cancels, self.size
+            )
             self._spawn(0)  # raises (and the submit with it) when not even one thread starts
 
     def _spawn(self, i: int) -> None:
@@ -244,7 +321,9 @@ class Executor:
         that an executor dropped unclosed is collected, and its finalizer stops them)."""
         more = _Starter(self) if i == 0 and self.size > 1 else None
         thread = threading.Thread(
-            target=_work, args=(self._queue, self._closed, more), name=f"{self.name}-{i}"
+            target=_work,
+            args=(self._queue, self._closed, self._cancels, more),
+            name=f"{self.name}-{i}",
         )
         thread.daemon = True
         self._threads.append(thread)  # first: close() joins it even if its start is cut
@@ -262,18 +341,21 @@ class Executor:
                     return
 
     def close(self) -> None:
-        """Drop queued jobs and stop every thread (each after its current job, bounded);
+        """Drop queued jobs, abandon the waits of the running ones (``cancel_on_close``) and
+        stop every thread (each after its current job, all within ``JOIN_TIMEOUT_S``);
         idempotent. Jobs not yet run are withdrawn: asking for one runs it on the caller."""
         self._closed.set()  # first: whatever interrupts the rest, the threads stop
         if self._finalizing() or self._pid != self._getpid():
             return  # nothing to wake or wait for here
         with self._lock:  # (no thread is started once closed is set: see _spawn_others)
             threads = [t for t in self._threads if t.is_alive()]
-        _stop(self._queue, self._closed, self.size)
+        _stop(self._queue, self._closed, self._cancels, self.size)
+        end = time.monotonic() + JOIN_TIMEOUT_S
         for thread in threads:
-            thread.join(JOIN_TIMEOUT_S)
-            if thread.is_alive():
-                log.warning("%s still busy %.0f s after close", thread.name, JOIN_TIMEOUT_S)
+            thread.join(max(0.0, end - time.monotonic()))
+        busy = [t.name for t in threads if t.is_alive()]
+        if busy:
+            log.warning("%s still busy %.0f s after close", ", ".join(busy), JOIN_TIMEOUT_S)
 
 
 class _Starter:
@@ -288,14 +370,17 @@ class _Starter:
             executor._spawn_others()
 
 
-def _stop(jobs: _Jobs, closed: Flag, size: int) -> None:
-    """Tell the threads to stop: the closed flag, and a stop each ahead of every job."""
+def _stop(jobs: _Jobs, closed: Flag, cancels: _Cancels, size: int) -> None:
+    """Tell the threads to stop: the closed flag, a stop each ahead of every job, and the
+    running jobs' waits abandoned."""
     closed.set()
     for _ in range(size):
         jobs.put(-1, None)
+    cancels.fire()
 
 
-def _work(jobs: _Jobs, closed: Flag, starter: _Starter | None) -> None:
+def _work(jobs: _Jobs, closed: Flag, cancels: _Cancels, starter: _Starter | None) -> None:
+    _running.cancels = cancels
     if starter is not None:  # thread 0: the other threads first, then jobs like them
         starter.run()
         del starter

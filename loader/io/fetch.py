@@ -26,11 +26,14 @@ workers has not started obstore's threads (tokio does not survive a fork).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import logging
 import warnings
 from typing import Any, Protocol
 
+from loader.io.executor import Cancelled, cancel_on_close
 from loader.io.options import BACKENDS, RemoteOptions
 from shardprep.format.errors import ManifestError
 from shardprep.format.storage_options import merge_options
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 _S3 = ("s3", "s3a")
 _HTTP = ("http", "https")
 _warned: set[str] = set()
+LOOP_SLACK_S = 5.0  # beyond an attempt's deadline, for fsspec's loop thread itself to answer
 
 
 class Backend(Protocol):
@@ -73,7 +77,7 @@ class FsspecBackend:
     def cat(self, url: str, start: int, stop: int, deadline_s: float) -> bytes:
         fs = filesystem(self.protocol, self.root, self.options)
         try:
-            data: bytes = fs.cat_file(url, start=start, end=stop, **_deadline(fs, deadline_s))
+            data: bytes = _attempt(fs, "cat_file", deadline_s, url, start=start, end=stop)
         except OSError as err:
             if _past_the_end(err):
                 return b""
@@ -85,8 +89,8 @@ class FsspecBackend:
         fs = filesystem(self.protocol, self.root, self.options)
         starts, stops = [a for a, _ in ranges], [b for _, b in ranges]
         try:
-            data: list[bytes] = fs.cat_ranges(
-                [url] * len(ranges), starts, stops, on_error="raise", **_deadline(fs, deadline_s)
+            data: list[bytes] = _attempt(
+                fs, "cat_ranges", deadline_s, [url] * len(ranges), starts, stops, on_error="raise"
             )
         except OSError as err:
             if _past_the_end(err):  # the file is shorter than expected: range by range
@@ -189,13 +193,29 @@ def default_options(protocol: str, options: RemoteOptions) -> dict[str, Any]:
     return {}
 
 
-def _deadline(fs: Any, deadline_s: float) -> dict[str, float]:
-    """fsspec's ``timeout`` for one attempt, where fsspec takes one: a blocking call of an async
-    filesystem runs ``asyncio.wait_for`` on fsspec's loop, which cancels the request (nothing is
-    left waiting) and raises ``FSTimeoutError``."""
-    if getattr(fs, "async_impl", False) and not getattr(fs, "asynchronous", False):
-        return {"timeout": deadline_s}
-    return {}
+def _attempt(fs: Any, method: str, deadline_s: float, *args: Any, **kwargs: Any) -> Any:
+    """``fs.<method>(*args, **kwargs)``, one attempt within ``deadline_s``.
+
+    An async filesystem's call runs as fsspec's own blocking call runs it (the coroutine
+    ``_<method>`` on fsspec's event-loop thread under ``asyncio.wait_for``, which cancels the
+    request at the deadline: nothing is left waiting, and ``TimeoutError`` is raised), and is
+    also dropped at once when the read-ahead running it is closed (``cancel_on_close``: an
+    epoch left midway does not wait for its reads in flight). Other filesystems are called as
+    they are."""
+    if not getattr(fs, "async_impl", False) or getattr(fs, "asynchronous", False):
+        return getattr(fs, method)(*args, **kwargs)
+    coroutine = asyncio.wait_for(getattr(fs, f"_{method}")(*args, **kwargs), deadline_s)
+    future = asyncio.run_coroutine_threadsafe(coroutine, fs.loop)
+    with cancel_on_close(future.cancel) as scope:
+        try:
+            return future.result(deadline_s + LOOP_SLACK_S)
+        except concurrent.futures.CancelledError:
+            if scope.cancelled:
+                raise Cancelled("the request was dropped: its read-ahead was closed") from None
+            raise
+        except TimeoutError:
+            future.cancel()  # fsspec's loop did not answer in time: nothing is left waiting
+            raise
 
 
 def _one_try_s3(cls: Any) -> Any:

@@ -53,6 +53,7 @@ import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
 from loader.errors import RequestRefusedError
+from loader.io.executor import Cancelled, cancel_on_close
 from shardprep.format.threads import start_thread
 
 __all__ = [
@@ -342,6 +343,8 @@ class ObstoreBackend:
                     deadline_s,
                 )
             )
+        except Cancelled:
+            raise
         except Exception as err:
             if _past_the_end(err):
                 return memoryview(b"")
@@ -365,6 +368,8 @@ class ObstoreBackend:
 
         try:
             return [bytes(part) for part in _run(get, deadline_s)]
+        except Cancelled:
+            raise
         except Exception as err:
             if _past_the_end(err):
                 return [bytes(self.cat(url, a, b, deadline_s)) for a, b in ranges]
@@ -417,11 +422,17 @@ def _run(request: Callable[[], Awaitable[T]], deadline_s: float) -> T:
         return await asyncio.wait_for(request(), deadline_s)
 
     future = asyncio.run_coroutine_threadsafe(bounded(), loop)
-    try:
-        return future.result(deadline_s + LOOP_SLACK_S)
-    except TimeoutError:
-        future.cancel()
-        raise
+    # a read-ahead closed meanwhile (an epoch left midway) drops the request at once
+    with cancel_on_close(future.cancel) as scope:
+        try:
+            return future.result(deadline_s + LOOP_SLACK_S)
+        except TimeoutError:
+            future.cancel()
+            raise
+        except concurrent.futures.CancelledError:
+            if scope.cancelled:
+                raise Cancelled("the request was dropped: its read-ahead was closed") from None
+            raise
 
 
 def _process_loop() -> asyncio.AbstractEventLoop:

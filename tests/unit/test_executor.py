@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loader.io.executor import Executor
+from loader.io.executor import Executor, cancel_on_close
 from tests.processes import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def test_threads_stop_when_the_executor_is_dropped_unclosed() -> None:
 
 CHILD_FORK = """
 import os, threading, traceback
-from loader.io.executor import Executor
+from loader.io.executor import Executor, cancel_on_close
 
 NAME = "test-executor"
 
@@ -355,3 +355,60 @@ def test_an_interrupt_while_the_threads_start_is_the_interrupt() -> None:
     words = done.stdout.strip().split(maxsplit=5)
     assert words[0] == "CUT" and int(words[1]) > 20, done.stdout
     assert words[2:] == ["LEFT", "0", "OTHER", "[]"], done.stdout
+
+
+def test_close_abandons_the_wait_of_a_running_job() -> None:
+    """A job waiting inside ``cancel_on_close`` (a request in flight) has its wait abandoned by
+    close(), which then returns with the thread gone, not after the wait's own end."""
+    executor = Executor(2, NAME)
+    given_up, waiting = threading.Event(), threading.Event()
+
+    def request() -> bool:
+        with cancel_on_close(given_up.set) as scope:
+            waiting.set()
+            assert given_up.wait(DEADLINE_S)  # the request's answer: never, here
+        return scope.cancelled
+
+    job = executor.submit(request)
+    assert waiting.wait(DEADLINE_S)
+    executor.close()
+    assert given_up.is_set() and job.done.is_set() and job.value is True
+    assert not _threads()
+
+
+def test_a_wait_begun_after_close_is_abandoned_at_once_and_one_that_ended_is_not() -> None:
+    executor = Executor(1, NAME)
+    calls: list[str] = []
+    ended, closed = threading.Event(), threading.Event()
+
+    def job() -> tuple[bool, bool]:
+        with cancel_on_close(lambda: calls.append("first")) as first:
+            pass  # a wait that ended before the close: its hook is no longer registered
+        ended.set()
+        assert closed.wait(DEADLINE_S)
+        with cancel_on_close(lambda: calls.append("second")) as second:
+            pass
+        return first.cancelled, second.cancelled
+
+    submitted = executor.submit(job)
+    assert ended.wait(DEADLINE_S)
+    executor._closed.set()  # closing, with the job still running: the first half of close()
+    executor._cancels.fire()
+    closed.set()
+    executor.close()
+    assert submitted.done.wait(DEADLINE_S)
+    assert submitted.value == (False, True) and calls == ["second"]
+
+
+def test_cancel_on_close_does_nothing_on_a_caller_running_a_job_itself() -> None:
+    executor = Executor(0, NAME)  # no threads: the caller runs every job
+    calls: list[str] = []
+
+    def job() -> bool:
+        with cancel_on_close(lambda: calls.append("cancel")) as scope:
+            pass
+        return scope.cancelled
+
+    submitted = executor.submit(job)
+    executor.close()
+    assert executor.result(submitted, DEADLINE_S, _hung) is False and calls == []

@@ -1,0 +1,64 @@
+"""Leaving an epoch midway drops the remote reads in flight instead of waiting for them.
+
+A training loop that stops an epoch early (``break``, Lightning's ``limit_train_batches``)
+at ``num_workers=0`` closes the read-ahead in its own process. Its requests in flight are
+abandoned at once (``loader.io.executor.cancel_on_close``), so the loop does not wait for their
+bodies (seconds each on a slow link) and no thread is left reading for a reader that is gone.
+
+The server is moto behind ``tests.s3.Proxy``, which holds back the answer to every data GET of
+the shards after the first until the client closes the connection: without the cancellation
+the read-ahead's threads would wait for those answers until their read timeout (60 s here).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from loader import ReadOptions, RemoteOptions, ShardDataset
+from loader.io.readahead import THREAD_NAME
+from tests.s3 import Proxy, S3Server
+
+STALLED = 7  # the GETs of shards 1-7 (one request each: the fixture's shards are ~30 KB)
+WAIT_S = 30.0  # bound on the waits for the proxy's counts (a loaded machine)
+
+
+def _reading_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
+
+
+@pytest.mark.parametrize("backend", ["obstore", "fsspec"])
+def test_leaving_an_epoch_drops_its_reads_in_flight(
+    s3: S3Server, proxy: Proxy, uploaded: dict[str, str], backend: str
+) -> None:
+    if backend == "obstore":
+        pytest.importorskip("obstore")
+    assert not _reading_threads()
+    remote = RemoteOptions(
+        storage_options=s3.storage_options(proxy.endpoint), backend=backend, read_timeout_s=60
+    )
+    ds = ShardDataset(
+        uploaded["tar"],
+        shuffle=False,  # the first batch comes from shard 0, whose GET is answered
+        batch_size=4,
+        shuffle_buffer=4,
+        read=ReadOptions(remote=remote),
+    )
+    proxy.stall(lambda line: ".tar" in line and "shard-00000.tar" not in line)
+    stream = iter(ds)
+    batch = next(stream)
+    assert list(batch["__key__"]) == ["b__00085", "a__00053", "c__00097", "b__00068"]
+    # every later shard's GET is in flight (the read-ahead's budget holds the whole epoch)
+    assert proxy.wait_for("stalled", STALLED, WAIT_S), proxy.stalled
+    assert len(_reading_threads()) == 16  # in process: 16 requests in flight at most
+
+    del stream  # the loop leaves the epoch: the read-ahead is closed here
+    gc.collect()
+
+    # its threads are gone, not waiting for the held answers, and each request was dropped by
+    # closing its connection (the proxy saw the client go)
+    assert _reading_threads() == []
+    assert proxy.wait_for("abandoned", STALLED, WAIT_S), proxy.abandoned
+    assert proxy.stalled == STALLED
