@@ -38,6 +38,7 @@ from shardprep.format.manifest import Manifest
 
 __all__ = [
     "UNREAD_SAMPLE_BYTES",
+    "OpenedFiles",
     "ShardFile",
     "ShardFiles",
     "SPLIT_BYTES",
@@ -89,6 +90,37 @@ class ShardFile:
         self._closer()
 
 
+class OpenedFiles:
+    """The closers of the shard files one owner opened (a reader's ``ShardFiles``, a local
+    read-ahead's ``LocalFetch``), for ``sweep()`` when the owner closes.
+
+    A ``ShardFile`` that is collected unclosed closes its file in a ``weakref.finalize``, whose
+    call is Python code: an interrupt (Ctrl-C) landing at its first line is reported and
+    dropped by CPython, and the finalizer's registry then keeps the file open for the life of
+    the process. ``sweep()`` runs each such closer: a file whose ``ShardFile`` is gone is closed
+    when its owner closes, whatever cut its own closing."""
+
+    __slots__ = ("_closers", "_lock")
+
+    def __init__(self) -> None:
+        self._closers: list[weakref.finalize[[], ShardFile]] = []
+        self._lock = threading.Lock()
+
+    def add(self, file: ShardFile) -> None:
+        with self._lock:
+            self._closers = [c for c in self._closers if c.alive]
+            self._closers.append(file._closer)
+
+    def sweep(self) -> None:
+        """Close the files whose ``ShardFile`` was collected without closing them."""
+        with self._lock:
+            closers = self._closers
+            self._closers = [c for c in closers if c.alive]
+        for closer in closers:
+            if closer.alive and closer.peek() is None:  # its ShardFile gone: a cut close
+                closer()
+
+
 class Unread:
     """A chunk's bytes left in its shard: ``size`` bytes of ``file`` from ``offset``.
 
@@ -118,6 +150,7 @@ class ShardFiles:
         self._all: weakref.WeakSet[ShardFile] = weakref.WeakSet()
         # every shard open here that a chunk still holds: opened once, however many hold it
         self._held: weakref.WeakValueDictionary[int, ShardFile] = weakref.WeakValueDictionary()
+        self._opened = OpenedFiles()
         self._lock = threading.Lock()
         self.split = split  # a batch's reads shared with one more thread (the reader's), if any
 
@@ -145,6 +178,7 @@ class ShardFiles:
             return None
         with self._lock:
             self._all.add(file)
+        self._opened.add(file)
         self._held[shard] = file
         self._keep(shard, file)
         return file
@@ -162,6 +196,7 @@ class ShardFiles:
             files = list(self._all)
         for file in files:
             file.close()
+        self._opened.sweep()
 
 
 def positioned_read(fd: int, views: Sequence[memoryview], offset: int, total: int) -> int:

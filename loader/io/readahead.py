@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from loader.errors import UnreachableError
 from loader.io.executor import Executor, Job
-from loader.io.files import ShardFile, positioned_read
+from loader.io.files import OpenedFiles, ShardFile, positioned_read
 from loader.io.options import RemoteOptions
 from loader.io.ranges import RangeIO, allocate
 from loader.io.source import Source, worst_case_s
@@ -209,6 +209,7 @@ class LocalFetch:
     def __init__(self, source: Source, manifest: Manifest) -> None:
         self._source, self._manifest = source, manifest
         self._files: OrderedDict[int, ShardFile] = OrderedDict()
+        self._opened = OpenedFiles()  # closes at close() a file whose own closing was cut
         self._lock = threading.Lock()  # (groups are read on a thread and on the caller)
 
     def _open(self, shard: int, name: str) -> ShardFile:
@@ -220,6 +221,7 @@ class LocalFetch:
                 self._files.move_to_end(shard)
                 return file
         opened = ShardFile(self._source.open(name), self._source.path(name))
+        self._opened.add(opened)
         with self._lock:
             file = self._files.setdefault(shard, opened)
             while len(self._files) > 1:
@@ -232,6 +234,7 @@ class LocalFetch:
         """Let go of the open shards (each is closed once no read uses it)."""
         with self._lock:
             self._files.clear()
+        self._opened.sweep()
 
     def waited(self, ns: int) -> None:
         self._source.counts().waited(ns)
