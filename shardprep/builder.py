@@ -37,9 +37,9 @@ from shardprep.format.errors import (
     is_interrupt,
 )
 from shardprep.format.interface import CLI
-from shardprep.format.interrupts import deferred
 from shardprep.format.manifest import JOURNAL_NAME, Manifest, manifest_from_records
 from shardprep.format.shardformat import MANIFEST_NAME, shard_name
+from shardprep.format.sigint import deferred
 from shardprep.format.versions import appended_manifest, manifest_version
 from shardprep.inventory import InventoryBuilder, InventoryView, SampleRef
 from shardprep.out_spill import OutSpill

@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardprep.format.errors import PlanError
-from shardprep.format.interrupts import deferred
 from shardprep.format.rng import derive_rng
+from shardprep.format.sigint import deferred
 from shardprep.inventory import Inventory, InventoryView
 from shardprep.plan import remainder_targets, separate_copies, shuffle_apart
 from shardprep.weighting import Selection

@@ -31,7 +31,7 @@ import stat
 import tempfile
 from types import TracebackType
 
-from shardprep.format.interrupts import deferred
+from shardprep.format.sigint import deferred
 
 __all__ = ["LOCK_NAME", "OwnedFolder", "remove_tree", "sweep_stale"]
 

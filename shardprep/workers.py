@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
 
-from shardprep.format.interrupts import deferred
 from shardprep.format.lifeline import watch_parent
+from shardprep.format.sigint import deferred
 
 __all__ = ["WorkerPool", "mp_context", "worker_pool"]
 

@@ -7,8 +7,9 @@ next. Two kinds of place make that wrong:
   descriptor and marks it closed on the next line; an interrupt between the two makes its
   ``finally`` close the same number again: ``OSError: [Errno 9] Bad file descriptor`` replaces
   the interrupt (a traceback and exit 1 where the user pressed Ctrl-C: seen in CI), and that second
-  close may close a file another thread opened meanwhile. :func:`deferred` records a Ctrl-C
-  during such a block and raises it when the block is done.
+  close may close a file another thread opened meanwhile. ``deferred`` (defined in
+  ``shardprep.format.sigint``, which the thread starter uses too) records a Ctrl-C during such
+  a block and raises it when the block is done.
 - Callbacks where an exception cannot propagate (a weakref callback, ``__del__``, an import
   lock's callback). CPython prints ``Exception ignored in ...`` with the KeyboardInterrupt's
   traceback and drops it: the build went on as if no key had been pressed (seen in CI: a Ctrl-C
@@ -27,41 +28,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from shardprep.format.threads import start_thread
 
-__all__ = ["deferred", "redeliver_dropped"]
-
-
-@contextmanager
-def deferred() -> Iterator[threading.Event | None]:
-    """Within the block a Ctrl-C is recorded, not raised; it is raised as KeyboardInterrupt when
-    the block ends (unless the block raised: its exception goes on).
-
-    Yields the record (a ``threading.Event`` the block may poll and clear: a Ctrl-C the block
-    handled itself), or None where nothing is deferred: outside the main thread (which never
-    gets KeyboardInterrupt from a signal), or where SIGINT has a handler other than Python's
-    default (the program's own, a deferral around this one, or SIG_IGN), which is kept.
-    """
-    in_main = threading.current_thread() is threading.main_thread()
-    if not in_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield None
-        return
-    pressed = threading.Event()
-
-    def record(_signum: int, _frame: object) -> None:
-        pressed.set()
-
-    previous = signal.signal(signal.SIGINT, record)
-    try:
-        yield pressed
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed.is_set():
-        raise KeyboardInterrupt
+__all__ = ["redeliver_dropped"]
 
 
 def redeliver_dropped() -> None:

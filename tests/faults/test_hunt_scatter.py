@@ -401,8 +401,8 @@ warnings.simplefilter("ignore", ResourceWarning)
 armed = [False]
 
 def interrupt(signum, frame):
-    if armed[0]:
-        raise KeyboardInterrupt
+    if armed[0]:  # a Ctrl-C: SIGINT, whose own (Python's) handler raises KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
 def open_in(out):
     fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
@@ -430,8 +430,9 @@ for _ in range(60):
         print("OTHER", repr(err))
         sys.exit(1)
 gc.collect()
-# (a thread whose start() the interrupt cut before it was started stays in threading's
-# limbo, listed but never run: CPython's own bookkeeping, no thread; not joinable)
+# (a thread whose start() the interrupt cut before the system thread was made stays in
+# threading's limbo, listed but never run: CPython's own bookkeeping, no thread, no ident; one
+# with an ident and never started would be stuck: join raises for it)
 left = [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME + "-") and t.ident is not None]
 for t in left:
     t.join(10)
@@ -442,9 +443,10 @@ print("INTERRUPTED", interrupted, "LEFT", sum(t.is_alive() for t in left),
 
 
 def test_ctrl_c_at_random_moments(copy: Path) -> None:
-    """SIGALRM-driven KeyboardInterrupts at random moments of 60 epochs (many while the
-    second thread reads): always the KeyboardInterrupt, never another error, no thread or
-    shard file left open, and the next epoch whole. In a child process: an interrupt that
+    """SIGALRM-timed Ctrl-Cs (SIGINT, Python's own handler) at random moments of 60 epochs
+    (many while the second thread reads): always the KeyboardInterrupt, never another error, no
+    thread or shard file left open (tests/unit/test_shard_files.py, tests/unit/test_threads.py:
+    the rare cases), and the next epoch whole. In a child process: an interrupt that
     escapes must not end the test session. (An interrupt landing between a shard's open() and
     the object that owns it leaves that file to the garbage collector: about 1 run in 25 saw
     it as a ResourceWarning; no descriptor is left either way.)"""

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from shardprep.format.interrupts import deferred
+from shardprep.format.sigint import deferred
 from shardprep.scratch import OwnedFolder
 from tests.faults.helpers import class_folders
 from tests.interrupts import interrupt_at
