@@ -232,30 +232,47 @@ class Proxy:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _close(self) -> None:
+        """Stop listening and end every connection: their tasks cancelled and awaited, so that
+        nothing is left to the collector once the loop is closed (an open ``StreamWriter`` or
+        a pending task then warns, in whichever later test collects it)."""
         if self._server is not None:
             self._server.close()
         for writer in list(self._writers):
             writer.close()
+        for _ in range(100):  # (connections accepted before the close start theirs meanwhile)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # their connection_made callbacks run: see the next round
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.add(client_w)
+        tasks: list[asyncio.Future[None]] = []
         try:
             server_r, server_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
             client_w.close()
+            self._writers.discard(client_w)
             return
-        self._writers |= {client_w, server_w}
-        held = asyncio.Event()  # the answer to this connection's request is held back (stall)
-        up = asyncio.ensure_future(self._upstream(client_r, server_w, held))
-        down = asyncio.ensure_future(self._downstream(server_r, client_w, held))
-        await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        if held.is_set() and up.done():  # the client closed while its answer was held
-            self._count("abandoned")
-        for task in (up, down):
-            task.cancel()
-        for writer in (client_w, server_w):
-            writer.close()
-            self._writers.discard(writer)
+        self._writers.add(server_w)
+        try:
+            held = asyncio.Event()  # the answer to this connection's request is held back (stall)
+            up = asyncio.ensure_future(self._upstream(client_r, server_w, held))
+            down = asyncio.ensure_future(self._downstream(server_r, client_w, held))
+            tasks += [up, down]
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            if held.is_set() and up.done():  # the client closed while its answer was held
+                self._count("abandoned")
+        finally:
+            for task in tasks:
+                task.cancel()
+            for writer in (client_w, server_w):
+                writer.close()
+                self._writers.discard(writer)
 
     async def _upstream(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: asyncio.Event

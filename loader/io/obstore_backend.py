@@ -139,9 +139,16 @@ def _track(future: Awaitable[T]) -> Awaitable[T]:
 
 def _read_error(future: asyncio.Future[Any]) -> None:
     """Mark ``future``'s error as read: a gather cancelled with its awaiting task (the exit's
-    cancel) holds a CancelledError that asyncio would otherwise log as never retrieved."""
+    cancel), or a request's task whose caller stopped waiting (a closed read-ahead), holds an
+    error that asyncio would otherwise log as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    assert task is not None  # (called from a coroutine run as a task)
+    return task
 
 
 def _release(request: _Request) -> None:
@@ -417,6 +424,9 @@ def _run(request: Callable[[], Awaitable[T]], deadline_s: float) -> T:
         loop = _process_loop()
 
     async def bounded() -> T:
+        # the outcome is read even where no one waits for it any more (a request cancelled
+        # by its closed read-ahead just as it failed): asyncio would log it as never retrieved
+        _current_task().add_done_callback(_read_error)
         if _closing:  # submitted before the exit began, run after it: no request starts
             raise ConnectionError("the interpreter is exiting: no new obstore request")
         return await asyncio.wait_for(request(), deadline_s)
