@@ -38,6 +38,10 @@ class Config:
     shards: dict[str, int] = field(default_factory=lambda: {"small": 16, "images": 16, "text": 8})
     timeout: float = 900.0
     command: str = ""
+    # how often a measured process's PSS is read (bench.memory): each read of a process that
+    # imported torch takes its memory-map lock for ~10 ms, which a reader that maps and unmaps
+    # buffers waits on (bench.remote reads it every 1 s: see docs/benchmarks-remote.md)
+    pss_interval: float = 0.02
 
     @classmethod
     def make(cls, quick: bool, work: Path | None, repeats: int | None, command: str) -> Config:
@@ -152,10 +156,15 @@ def env_for(system: str) -> dict[str, str]:
     return env
 
 
-def run_task(spec: dict[str, Any], timeout: float) -> tuple[dict[str, Any], Measured]:
-    """Run ``bench.runner`` with ``spec`` in a fresh, PSS-sampled process."""
+def run_task(
+    spec: dict[str, Any], timeout: float, interval: float = 0.02
+) -> tuple[dict[str, Any], Measured]:
+    """Run ``bench.runner`` with ``spec`` in a fresh process whose PSS is read every
+    ``interval`` seconds."""
     cmd = [sys.executable, "-m", "bench.runner", json.dumps(spec)]
-    m = run_measured(cmd, env=env_for(spec["system"]), cwd=str(REPO), timeout=timeout)
+    m = run_measured(
+        cmd, env=env_for(spec["system"]), cwd=str(REPO), timeout=timeout, interval=interval
+    )
     res: dict[str, Any] = {}
     for line in reversed(m.stdout.splitlines()):
         if line.startswith(MARK):

@@ -5,7 +5,8 @@
 A moto S3 server on 127.0.0.1 (``tests/s3.py``) holds the outputs of
 shardprep, MosaicML's ``MDSWriter`` and LitData's ``optimize`` built from the
 same ``images`` dataset (JPEG-sized random payloads, 16 shards). Every read
-goes through ``tests.s3.Proxy``, which adds ``--latency-ms`` to every request
+goes through ``tests.s3.Proxy`` (in a process of its own, ``bench.proxy``: in the driver it
+shared the GIL with the PSS sampler), which adds ``--latency-ms`` to every request
 and paces every connection at ``--bandwidth-mbs``: a stand-in for a region's
 round trip and per-connection bandwidth. Each row is one epoch (batch 64,
 shuffle on) in a fresh process (``bench.runner``), DataLoader ``num_workers``
@@ -122,9 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         default="whole",
         help="whole: stock moto (reads the whole object per GET); ranged: the control server",
     )
+    p.add_argument(
+        "--pss-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reads of a measured process's PSS (each read of a process that "
+        "imported torch holds its memory-map lock for ~10 ms; 0.02: as before 2026-11-29)",
+    )
     a = p.parse_args(argv)
     cfg = Config.make(False, a.work_dir, a.repeats, "")
     cfg.warmup = 0
+    cfg.pss_interval = a.pss_interval
     cfg.command = "python -m bench.remote " + " ".join(shlex.quote(x) for x in argv)
     if cfg.work.resolve().is_relative_to(REPO):
         p.error("--work-dir must be outside the repository")
@@ -153,7 +162,8 @@ def run(
 ) -> dict[str, Any]:
     """Every row of the remote scenario (see the module docstring)."""
     sys.path.insert(0, str(REPO))
-    from tests.s3 import Proxy, S3Server
+    from bench.proxy import ProxyProcess
+    from tests.s3 import S3Server
 
     _, meta = dataset(cfg, "images", n)
     peers = {"shardprep"} | {
@@ -168,7 +178,7 @@ def run(
     started, load_before = time.time(), os.getloadavg()[0]
     with (
         S3Server(module=SERVERS[server]) as s3,
-        Proxy(s3.port, latency=latency, bandwidth=bandwidth) as proxy,
+        ProxyProcess(s3.port, latency, bandwidth) as proxy,
     ):
         s3.create_bucket("bench")
         _upload(s3, outs)
@@ -242,6 +252,7 @@ def run(
             "minutes": (time.time() - started) / 60,
             "loadavg": [load_before, os.getloadavg()[0]],
             "repeats": cfg.repeats,
+            "pss_interval_s": cfg.pss_interval,
             "cpus": os.cpu_count(),
         },
     }
@@ -291,7 +302,7 @@ def _summary(results: list[dict[str, Any]], label: str) -> dict[str, Any]:
 
 
 def _measure(cfg: Config, spec: dict[str, Any], n: int, total: int) -> dict[str, Any]:
-    res, _ = run_task(spec, cfg.timeout)
+    res, _ = run_task(spec, cfg.timeout, cfg.pss_interval)
     if "error" in res:
         return res
     res["mb_s"] = res["bytes"] / res["epoch_s"] / 1e6
