@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 import shutil
 import sys
 import threading
@@ -117,8 +118,13 @@ def test_bytes_scribbled_while_the_thread_reads(
     large: tuple[Path, dict[str, bytes]], copy: Path
 ) -> None:
     """Another thread overwrites 4 KiB blocks of the shards all through the epoch (mid-window
-    too): nothing wrong is ever delivered, and the damage is named as a checksum mismatch."""
+    too): nothing wrong is ever delivered, and the damage is named as a checksum mismatch.
+
+    A trial whose scribbles all land on bytes the epoch has already read (or lose the race to
+    its end: about 1 trial in 180 on a quiet machine, more under load) delivers every sample
+    right and raises nothing; at least 3 of the 4 trials must meet damage and name it."""
     _, jpgs = large
+    named = 0
     for trial in range(4):
         out = copy.parent / f"scribbled{trial}"
         shutil.copytree(copy, out)
@@ -136,16 +142,19 @@ def test_bytes_scribbled_while_the_thread_reads(
 
         scribbler = threading.Thread(target=scribble)
         try:
-            with pytest.raises(CorruptShardError, match=r"shard-0000\d\.tar: sample '\d{3}'"):
-                for n, batch in enumerate(ShardDataset(str(out), **KW)):
-                    if n == 1:
-                        scribbler.start()
-                    _check(batch, jpgs)
+            for n, batch in enumerate(ShardDataset(str(out), **KW)):
+                if n == 1:
+                    scribbler.start()
+                _check(batch, jpgs)  # every sample delivered is the sample as built
+        except CorruptShardError as err:
+            assert re.search(r"shard-0000\d\.tar: sample '\d{3}'", str(err)), err
+            named += 1
         finally:
             stop.set()
             if scribbler.is_alive():
                 scribbler.join(10)
         assert _until(lambda: not _threads())
+    assert named >= 3, named
 
 
 def test_a_read_error_on_the_thread_names_the_shard(copy: Path) -> None:
