@@ -36,6 +36,8 @@ test_an_interrupt_in_the_callers_queue_operations_leaves_close_bounded).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import heapq
 import logging
 import os
@@ -44,16 +46,17 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from shardprep.format.threads import start_thread
 
-__all__ = ["Cancelled", "Executor", "Flag", "Job", "cancel_on_close"]
+__all__ = ["Cancelled", "Executor", "Flag", "Job", "cancel_on_close", "result_on"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-JOIN_TIMEOUT_S = 5.0  # close() waits this long for each thread's current job
+JOIN_TIMEOUT_S = 5.0  # close() waits this long in all for its threads' current jobs
 POLL_S = 1.0  # an idle thread looks at the closed event this often
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
 _running = threading.local()  # .cancels: the _Cancels of the executor whose thread this is
@@ -157,6 +160,40 @@ class cancel_on_close:  # noqa: N801 (a context manager used as a function)
     def __exit__(self, *exc: object) -> None:
         if self._token is not None and self._cancels is not None:
             self._cancels.discard(self._token)
+
+
+def result_on(
+    loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T], timeout: float
+) -> T:
+    """The result of ``coroutine`` run on ``loop`` (an event loop on another thread: a client's
+    requests), waited for at most ``timeout`` seconds (then it is cancelled and
+    ``TimeoutError`` raised). On an executor's thread the wait is abandoned when the executor
+    closes (``cancel_on_close``): the coroutine is cancelled and ``Cancelled`` raised. Its
+    outcome is read on the loop even when no one waits for it any more (a request that failed
+    just as it was cancelled), which asyncio would otherwise log as never retrieved."""
+
+    async def read_outcome() -> T:
+        task = asyncio.current_task()
+        assert task is not None  # (a coroutine run by run_coroutine_threadsafe is a task)
+        task.add_done_callback(_read_outcome)
+        return await coroutine
+
+    future = asyncio.run_coroutine_threadsafe(read_outcome(), loop)
+    with cancel_on_close(future.cancel) as scope:
+        try:
+            return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            if scope.cancelled:
+                raise Cancelled("the request was dropped: its reader let go of it") from None
+            raise
+        except TimeoutError:
+            future.cancel()  # the loop did not answer in time: nothing is left waiting
+            raise
+
+
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class _Jobs:

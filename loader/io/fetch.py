@@ -27,13 +27,12 @@ workers has not started obstore's threads (tokio does not survive a fork).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import warnings
 from typing import Any, Protocol
 
-from loader.io.executor import Cancelled, cancel_on_close
+from loader.io.executor import result_on
 from loader.io.options import BACKENDS, RemoteOptions
 from shardprep.format.errors import ManifestError
 from shardprep.format.storage_options import merge_options
@@ -204,32 +203,8 @@ def _attempt(fs: Any, method: str, deadline_s: float, *args: Any, **kwargs: Any)
     they are."""
     if not getattr(fs, "async_impl", False) or getattr(fs, "asynchronous", False):
         return getattr(fs, method)(*args, **kwargs)
-
-    async def bounded() -> Any:
-        # the outcome is read even where no one waits for it any more (a request cancelled by
-        # its closed read-ahead just as it failed): asyncio would log it as never retrieved
-        task = asyncio.current_task()
-        assert task is not None
-        task.add_done_callback(_read_outcome)
-        return await asyncio.wait_for(getattr(fs, f"_{method}")(*args, **kwargs), deadline_s)
-
-    future = asyncio.run_coroutine_threadsafe(bounded(), fs.loop)
-    with cancel_on_close(future.cancel) as scope:
-        try:
-            return future.result(deadline_s + LOOP_SLACK_S)
-        except concurrent.futures.CancelledError:
-            if scope.cancelled:
-                raise Cancelled("the request was dropped: its read-ahead was closed") from None
-            raise
-        except TimeoutError:
-            future.cancel()  # fsspec's loop did not answer in time: nothing is left waiting
-            raise
-
-
-def _read_outcome(task: asyncio.Future[Any]) -> None:
-    """Mark a finished request task's error as read (see ``_attempt``)."""
-    if not task.cancelled():
-        task.exception()
+    request = asyncio.wait_for(getattr(fs, f"_{method}")(*args, **kwargs), deadline_s)
+    return result_on(fs.loop, request, deadline_s + LOOP_SLACK_S)
 
 
 def _one_try_s3(cls: Any) -> Any:

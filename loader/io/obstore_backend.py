@@ -53,7 +53,7 @@ import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
 from loader.errors import RequestRefusedError
-from loader.io.executor import Cancelled, cancel_on_close
+from loader.io.executor import Cancelled, result_on
 from shardprep.format.threads import start_thread
 
 __all__ = [
@@ -139,16 +139,9 @@ def _track(future: Awaitable[T]) -> Awaitable[T]:
 
 def _read_error(future: asyncio.Future[Any]) -> None:
     """Mark ``future``'s error as read: a gather cancelled with its awaiting task (the exit's
-    cancel), or a request's task whose caller stopped waiting (a closed read-ahead), holds an
-    error that asyncio would otherwise log as never retrieved."""
+    cancel) holds a CancelledError that asyncio would otherwise log as never retrieved."""
     if not future.cancelled():
         future.exception()
-
-
-def _current_task() -> asyncio.Task[Any]:
-    task = asyncio.current_task()
-    assert task is not None  # (called from a coroutine run as a task)
-    return task
 
 
 def _release(request: _Request) -> None:
@@ -424,25 +417,12 @@ def _run(request: Callable[[], Awaitable[T]], deadline_s: float) -> T:
         loop = _process_loop()
 
     async def bounded() -> T:
-        # the outcome is read even where no one waits for it any more (a request cancelled
-        # by its closed read-ahead just as it failed): asyncio would log it as never retrieved
-        _current_task().add_done_callback(_read_error)
         if _closing:  # submitted before the exit began, run after it: no request starts
             raise ConnectionError("the interpreter is exiting: no new obstore request")
         return await asyncio.wait_for(request(), deadline_s)
 
-    future = asyncio.run_coroutine_threadsafe(bounded(), loop)
-    # a read-ahead closed meanwhile (an epoch left midway) drops the request at once
-    with cancel_on_close(future.cancel) as scope:
-        try:
-            return future.result(deadline_s + LOOP_SLACK_S)
-        except TimeoutError:
-            future.cancel()
-            raise
-        except concurrent.futures.CancelledError:
-            if scope.cancelled:
-                raise Cancelled("the request was dropped: its read-ahead was closed") from None
-            raise
+    # (a read-ahead closed meanwhile, an epoch left midway, drops the request at once)
+    return result_on(loop, bounded(), deadline_s + LOOP_SLACK_S)
 
 
 def _process_loop() -> asyncio.AbstractEventLoop:
