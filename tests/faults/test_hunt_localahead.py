@@ -544,6 +544,9 @@ def test_the_output_folder_made_unreadable_mid_epoch(copy: Path) -> None:
     ), done.stdout
 
 
+ATTEMPTS = 12  # epochs until one has the thread read shard 1 (see below)
+
+
 def test_a_thread_ended_by_a_base_exception_fails_the_reads_it_left(
     large: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -562,12 +565,24 @@ def test_a_thread_ended_by_a_base_exception_fails_the_reads_it_left(
 
     monkeypatch.setattr(LocalFetch, "part", part)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # its traceback, silenced
-    started = time.monotonic()
-    delivered = 0
-    with pytest.raises(RuntimeError, match=f"{THREAD_NAME}-0.*shard-00001.tar") as info:  # noqa: PT012
-        for batch in ShardDataset(str(out), **KW):
-            delivered += _check(batch, jpgs)
-    assert time.monotonic() - started < 60
-    assert delivered < len(jpgs)
-    assert "SystemExit(3)" in str(info.value)
+    # the thread reads shard 1 only if it takes that read before the epoch needs it; on a busy
+    # machine the iterating thread may read it itself (an epoch then delivers everything, and
+    # right: checked), so epochs are run until one has the thread take it (about 1 in 4 does
+    # not under a load of 3 busy processes on 2 cores)
+    for _ in range(ATTEMPTS):
+        started = time.monotonic()
+        delivered = 0
+        try:
+            for batch in ShardDataset(str(out), **KW):
+                delivered += _check(batch, jpgs)
+        except RuntimeError as err:
+            assert re.search(f"{THREAD_NAME}-0.*shard-00001.tar", str(err)), err
+            assert "SystemExit(3)" in str(err)
+            assert time.monotonic() - started < 60
+            assert delivered < len(jpgs)
+            break
+        assert delivered == len(jpgs)
+        assert _until(lambda: not _threads())
+    else:
+        raise AssertionError(f"the thread never took shard 1's read in {ATTEMPTS} epochs")
     assert _until(lambda: not _threads())
